@@ -1,0 +1,271 @@
+package events
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"math"
+	"os"
+	"reflect"
+	"testing"
+)
+
+type vectorFile struct {
+	Reports []struct {
+		Name    string                     `json:"name"`
+		Subject string                     `json:"subject"`
+		Hex     string                     `json:"hex"`
+		Valid   bool                       `json:"valid"`
+		Expect  map[string]json.RawMessage `json:"expect"`
+	} `json:"reports"`
+	ModelKeys []struct {
+		Model string `json:"model"`
+		Key   string `json:"key"`
+	} `json:"model_keys"`
+}
+
+func loadVectors(t *testing.T) vectorFile {
+	t.Helper()
+	data, err := os.ReadFile("../testdata/contract-vectors.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v vectorFile
+	if err := json.Unmarshal(data, &v); err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Reports) == 0 || len(v.ModelKeys) == 0 {
+		t.Fatal("no vectors loaded")
+	}
+	return v
+}
+
+// decodeOnSubject is what the monitor does with a message: parse the
+// subject, decode the payload, check that both agree.
+func decodeOnSubject(subject string, payload []byte) (LoadReport, error) {
+	s, err := ParseSubject(DefaultSubjectPrefix, subject)
+	if err != nil {
+		return LoadReport{}, err
+	}
+	r, err := DecodeLoadReport(payload)
+	if err != nil {
+		return LoadReport{}, err
+	}
+	return r, r.Match(s)
+}
+
+// reportField returns a report's field by its wire name, nil when absent.
+func reportField(r LoadReport, name string) any {
+	opt := func(o Optional) any {
+		if o.Set {
+			return o.Value
+		}
+		return nil
+	}
+	switch name {
+	case "model":
+		return r.Model
+	case "worker_id":
+		return r.WorkerID
+	case "dp_rank":
+		return uint64(r.DPRank)
+	case "dp_start":
+		return uint64(r.DPStart)
+	case "dp_size":
+		return uint64(r.DPSize)
+	case "source":
+		return r.Source
+	case "active_decode_blocks":
+		return opt(r.ActiveDecodeBlocks)
+	case "kv_total_blocks":
+		return opt(r.KVTotalBlocks)
+	case "active_prefill_tokens":
+		return opt(r.ActivePrefillTokens)
+	case "max_num_batched_tokens":
+		return opt(r.MaxNumBatchedTokens)
+	case "boot_id":
+		return r.BootID
+	case "seq":
+		return r.Seq
+	case "sent_at":
+		return uint64(r.SentAt)
+	}
+	return "unknown field " + name
+}
+
+func TestContractVectors(t *testing.T) {
+	t.Parallel()
+	for _, v := range loadVectors(t).Reports {
+		t.Run(v.Name, func(t *testing.T) {
+			t.Parallel()
+			payload, err := hex.DecodeString(v.Hex)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := decodeOnSubject(v.Subject, payload)
+			if !v.Valid {
+				if err == nil {
+					t.Fatalf("accepted an invalid report: %+v", r)
+				}
+				if Reason(err) == "other" {
+					t.Errorf("error %v has no reason label", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("rejected a valid report: %v", err)
+			}
+			for name, raw := range v.Expect {
+				var want any
+				if string(raw) != "null" {
+					var s string
+					if json.Unmarshal(raw, &s) == nil {
+						want = s
+					} else {
+						var n uint64
+						if err := json.Unmarshal(raw, &n); err != nil {
+							t.Fatalf("expect %s: %v", name, err)
+						}
+						want = n
+					}
+				}
+				if got := reportField(r, name); !reflect.DeepEqual(got, want) {
+					t.Errorf("%s = %v, want %v", name, got, want)
+				}
+			}
+			// What we decode we must encode back to the same report.
+			enc, err := MarshalLoadReport(&r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			back, err := DecodeLoadReport(enc)
+			if err != nil || back != r {
+				t.Fatalf("round trip: %+v, %v; want %+v", back, err, r)
+			}
+		})
+	}
+}
+
+func TestDecodeReportErrors(t *testing.T) {
+	t.Parallel()
+	valid := LoadReport{Model: "m", WorkerID: 1, DPSize: 1, Source: SourceEngine, BootID: 2, Seq: 3, SentAt: 4}
+	tests := []struct {
+		name string
+		m    map[string]any
+		want error
+	}{
+		{"missing v", map[string]any{"model": "m", "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1}, ErrMissingField},
+		{"nil worker", map[string]any{"v": 1, "model": "m", "worker_id": nil, "boot_id": 1, "seq": 1, "sent_at": 1}, ErrMissingField},
+		{"v 2", map[string]any{"v": 2, "model": "m", "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1}, ErrVersion},
+		{"model as bytes", map[string]any{"v": 1, "model": []byte("m"), "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1}, ErrWrongType},
+		{"long model", map[string]any{"v": 1, "model": string(make([]byte, 257)), "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1}, ErrInvalidModel},
+		{"invalid utf8 model", map[string]any{"v": 1, "model": "\xff", "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1}, ErrInvalidModel},
+		{"rank above uint32", map[string]any{"v": 1, "model": "m", "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1, "dp_rank": uint64(1) << 32}, ErrOutOfRange},
+		{"dp_size 0", map[string]any{"v": 1, "model": "m", "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1, "dp_size": 0}, ErrOutOfRange},
+		{"sent_at above int64", map[string]any{"v": 1, "model": "m", "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": uint64(math.MaxUint64)}, ErrOutOfRange},
+		{"bool load", map[string]any{"v": 1, "model": "m", "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1, "kv_total_blocks": true}, ErrWrongType},
+		{"empty source", map[string]any{"v": 1, "model": "m", "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1, "source": ""}, ErrInvalidSource},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := DecodeLoadReport(mustMarshal(t, tt.m))
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("err = %v, want %v", err, tt.want)
+			}
+		})
+	}
+	t.Run("trailing bytes", func(t *testing.T) {
+		b, _ := MarshalLoadReport(&valid)
+		if _, err := DecodeLoadReport(append(b, 0xc0)); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("err = %v", err)
+		}
+	})
+	t.Run("too large", func(t *testing.T) {
+		if _, err := DecodeLoadReport(make([]byte, MaxPayloadSize+1)); !errors.Is(err, ErrTooLarge) {
+			t.Fatalf("err = %v", err)
+		}
+	})
+	t.Run("negative sent_at is allowed", func(t *testing.T) {
+		r := valid
+		r.SentAt = -5
+		b, _ := MarshalLoadReport(&r)
+		if got, err := DecodeLoadReport(b); err != nil || got.SentAt != -5 {
+			t.Fatalf("got %+v, %v", got, err)
+		}
+	})
+}
+
+func TestGoodbyeRoundTrip(t *testing.T) {
+	t.Parallel()
+	g := Goodbye{Model: "Qwen/Qwen3-0.6B", WorkerID: 9, Source: "router/a", BootID: 5, Seq: 77, SentAt: 123}
+	b, err := MarshalGoodbye(&g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeGoodbye(b)
+	if err != nil || got != g {
+		t.Fatalf("got %+v, %v", got, err)
+	}
+	s, err := ParseSubject("wm", ByeSubject("wm", g.Model, g.WorkerID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := got.Match(s); err != nil {
+		t.Fatal(err)
+	}
+	s.WorkerID = "09"
+	if err := got.Match(s); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("leading zero accepted: %v", err)
+	}
+}
+
+func TestBusySetEncodesEmptyCollections(t *testing.T) {
+	t.Parallel()
+	b, err := MarshalBusySet(&BusySet{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := map[string]any{}
+	if err := msgpackUnmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"busy", "free", "stale"} {
+		if l, ok := raw[k].([]any); !ok || len(l) != 0 {
+			t.Errorf("%s = %#v, want empty array", k, raw[k])
+		}
+	}
+	if m, ok := raw["reasons"].(map[string]any); !ok || len(m) != 0 {
+		t.Errorf("reasons = %#v, want empty map", raw["reasons"])
+	}
+	if m, ok := raw["thresholds"].(map[string]any); !ok || len(m) != 0 {
+		t.Errorf("thresholds = %#v, want empty map", raw["thresholds"])
+	}
+	set, err := DecodeBusySet(b)
+	if err != nil || set.V != 1 || set.Model != "m" {
+		t.Fatalf("decode: %+v, %v", set, err)
+	}
+}
+
+func TestThresholdsValidate(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		t  Thresholds
+		ok bool
+	}{
+		{Thresholds{}, true},
+		{Thresholds{ActiveDecodeBlocks: Ptr(0.0), ActivePrefillTokensFrac: Ptr(0.0)}, true},
+		{Thresholds{ActiveDecodeBlocks: Ptr(1.0)}, true},
+		{Thresholds{ActiveDecodeBlocks: Ptr(1.0000001)}, false},
+		{Thresholds{ActiveDecodeBlocks: Ptr(-0.1)}, false},
+		{Thresholds{ActiveDecodeBlocks: Ptr(math.NaN())}, false},
+		{Thresholds{ActivePrefillTokensFrac: Ptr(math.Inf(1))}, false},
+		{Thresholds{ActivePrefillTokensFrac: Ptr(-1.0)}, false},
+		{Thresholds{ActivePrefillTokensFrac: Ptr(3.5)}, true},
+	}
+	for i, tt := range tests {
+		if err := tt.t.Validate(); (err == nil) != tt.ok {
+			t.Errorf("%d: err = %v, want ok=%v", i, err, tt.ok)
+		}
+	}
+}
