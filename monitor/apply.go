@@ -1,0 +1,351 @@
+package monitor
+
+import (
+	"container/heap"
+	"log/slog"
+	"time"
+
+	"github.com/workermon/workermon/events"
+)
+
+// Rejection reasons of the monitor itself, beside events.Reason's labels.
+const (
+	rejectDuplicate    = "duplicate"
+	rejectDeadBoot     = "dead_boot"
+	rejectAfterGoodbye = "after_goodbye"
+	rejectUnknown      = "unknown_worker"
+	rejectModels       = "too_many_models"
+	rejectWorkers      = "too_many_workers"
+	rejectSources      = "too_many_sources"
+	rejectRanks        = "too_many_ranks"
+)
+
+// rejectLogEvery limits how often rejections are logged.
+const rejectLogEvery = 10 * time.Second
+
+// state is everything the loop owns.
+type state struct {
+	cfg       Config
+	sink      Sink
+	metrics   *metrics
+	log       *slog.Logger
+	dec       *events.Decoder
+	models    map[string]*model
+	overrides map[string]events.Thresholds
+	timers    timers
+	dirty     []*model // models with dirty set, each once
+	sc        scratch
+
+	lastRejectLog time.Time
+	rejectsSince  int
+}
+
+func newState(cfg Config, sink Sink, m *metrics, log *slog.Logger) *state {
+	return &state{
+		cfg:       cfg,
+		sink:      sink,
+		metrics:   m,
+		log:       log,
+		dec:       events.NewDecoder(),
+		models:    make(map[string]*model),
+		overrides: make(map[string]events.Thresholds),
+	}
+}
+
+// handle decodes, checks and applies one message.
+func (s *state) handle(msg message, now time.Time) {
+	subj, err := events.ParseSubject(s.cfg.SubjectPrefix, msg.subject)
+	if err != nil {
+		s.reject(events.Reason(err), msg.subject, err)
+		return
+	}
+	start := time.Now()
+	switch subj.Kind {
+	case events.KindLoad:
+		r, err := s.dec.LoadReport(msg.data)
+		if err == nil {
+			err = r.Match(subj)
+		}
+		if err != nil {
+			s.reject(events.Reason(err), msg.subject, err)
+			return
+		}
+		if reason := s.applyReport(&r, now); reason != "" {
+			s.reject(reason, msg.subject, nil)
+			return
+		}
+		s.metrics.accepted.WithLabelValues("load").Inc()
+		s.metrics.lag.Observe(max(0, float64(now.UnixNano()-r.SentAt)/1e9))
+	case events.KindBye:
+		g, err := s.dec.Goodbye(msg.data)
+		if err == nil {
+			err = g.Match(subj)
+		}
+		if err != nil {
+			s.reject(events.Reason(err), msg.subject, err)
+			return
+		}
+		if reason := s.applyGoodbye(&g, now); reason != "" {
+			s.reject(reason, msg.subject, nil)
+			return
+		}
+		s.metrics.accepted.WithLabelValues("goodbye").Inc()
+	}
+	s.metrics.recompute.Observe(time.Since(start).Seconds())
+}
+
+// reject counts a rejected message and logs at a limited rate.
+func (s *state) reject(reason, subject string, err error) {
+	s.metrics.rejected.WithLabelValues(reason).Inc()
+	s.rejectsSince++
+	if now := time.Now(); now.Sub(s.lastRejectLog) >= rejectLogEvery {
+		s.log.Warn("message rejected", "reason", reason, "subject", subject, "err", err,
+			"rejected_since_last_log", s.rejectsSince)
+		s.lastRejectLog, s.rejectsSince = now, 0
+	}
+}
+
+// applyReport applies an accepted report; it returns a rejection reason or "".
+func (s *state) applyReport(r *events.LoadReport, now time.Time) string {
+	if r.DPSize > uint32(s.cfg.MaxRanksPerWorker) {
+		return rejectRanks
+	}
+	m := s.models[r.Model]
+	if m == nil {
+		if len(s.models) >= s.cfg.MaxModels {
+			return rejectModels
+		}
+		m = s.addModel(r.Model)
+	}
+	w := m.workers[r.WorkerID]
+	if w == nil {
+		if len(m.workers) >= s.cfg.MaxWorkersPerModel {
+			return rejectWorkers
+		}
+		w = &worker{id: r.WorkerID, model: m, sources: make(map[string]*sourceState), heapIndex: -1}
+		m.workers[r.WorkerID] = w
+	}
+	if w.left {
+		if r.Source != events.SourceEngine || r.BootID == w.leftBoot || r.SentAt <= w.leftSentAt {
+			return rejectAfterGoodbye
+		}
+		w.left = false // a new boot: the worker is back
+	}
+	src := w.sources[r.Source]
+	switch {
+	case src == nil:
+		if len(w.sources) >= s.cfg.MaxSourcesPerWorker {
+			return rejectSources
+		}
+		src = &sourceState{bootID: r.BootID, ranks: make(map[uint32]*rankState)}
+		w.sources[r.Source] = src
+	case src.bootID != r.BootID:
+		if r.SentAt <= src.sentAt {
+			return rejectDeadBoot
+		}
+		// The publisher restarted: its old state goes.
+		*src = sourceState{bootID: r.BootID, ranks: make(map[uint32]*rankState)}
+	case r.Seq <= src.seq:
+		return rejectDuplicate
+	}
+	if src.start != r.DPStart || src.size != r.DPSize {
+		for rank := range src.ranks {
+			if rank < r.DPStart || uint64(rank) >= uint64(r.DPStart)+uint64(r.DPSize) {
+				delete(src.ranks, rank)
+			}
+		}
+		src.start, src.size = r.DPStart, r.DPSize
+	}
+	src.seq, src.sentAt, src.heard = r.Seq, r.SentAt, now
+	rs := src.ranks[r.DPRank]
+	if rs == nil {
+		rs = &rankState{}
+		src.ranks[r.DPRank] = rs
+	}
+	for i, o := range [numSignals]events.Optional{r.ActiveDecodeBlocks, r.KVTotalBlocks, r.ActivePrefillTokens, r.MaxNumBatchedTokens} {
+		if o.Set {
+			rs.load[i] = o
+		}
+	}
+	rs.heard = now
+	s.evaluate(w, now)
+	s.timers.scheduleBy(w, now.Add(s.cfg.StaleAfter))
+	return ""
+}
+
+// applyGoodbye applies a goodbye; it returns a rejection reason or "".
+func (s *state) applyGoodbye(g *events.Goodbye, now time.Time) string {
+	m := s.models[g.Model]
+	if m == nil || m.workers[g.WorkerID] == nil {
+		return rejectUnknown
+	}
+	w := m.workers[g.WorkerID]
+	if w.left {
+		return rejectAfterGoodbye
+	}
+	src := w.sources[g.Source]
+	if src != nil && src.bootID != g.BootID && g.SentAt <= src.sentAt {
+		return rejectDeadBoot
+	}
+	if g.Source != events.SourceEngine {
+		if src == nil {
+			return rejectUnknown
+		}
+		delete(w.sources, g.Source)
+		s.evaluate(w, now)
+		return ""
+	}
+	clear(w.sources)
+	w.left, w.leftBoot, w.leftSentAt, w.leftAt = true, g.BootID, g.SentAt, now
+	m.setClass(w, ClassNone, 0)
+	s.markDirty(m)
+	s.timers.scheduleAt(w, now.Add(s.cfg.GoneAfter))
+	return ""
+}
+
+func (s *state) addModel(name string) *model {
+	m := &model{name: name, workers: make(map[uint64]*worker)}
+	m.thresholds = s.thresholdsOf(name)
+	s.models[name] = m
+	s.metrics.models.Set(float64(len(s.models)))
+	return m
+}
+
+func (s *state) thresholdsOf(model string) events.Thresholds {
+	return s.cfg.Defaults.Merge(s.overrides[model])
+}
+
+// evaluate reclassifies w and marks its model dirty when w's place changed.
+func (s *state) evaluate(w *worker, now time.Time) {
+	if w.left {
+		return
+	}
+	c, r := classify(w.model.thresholds, w.sources, now.Add(-s.cfg.StaleAfter), &s.sc)
+	w.model.setClass(w, c, r)
+	s.markDirty(w.model)
+}
+
+// markDirty queues m for the next flush if its record changed.
+func (s *state) markDirty(m *model) {
+	if m.dirty && !m.queued {
+		m.queued = true
+		s.dirty = append(s.dirty, m)
+	}
+}
+
+// nextDeadline returns the time of the earliest freshness check.
+func (s *state) nextDeadline() (time.Time, bool) {
+	if len(s.timers) == 0 {
+		return time.Time{}, false
+	}
+	return s.timers[0].deadline, true
+}
+
+// expire runs every freshness check that is due: states not heard for
+// gone-after are dropped, workers are reclassified, and workers with nothing
+// left are removed.
+func (s *state) expire(now time.Time) {
+	for len(s.timers) > 0 && !s.timers[0].deadline.After(now) {
+		w := heap.Pop(&s.timers).(*worker)
+		s.check(w, now)
+	}
+}
+
+func (s *state) check(w *worker, now time.Time) {
+	if w.left {
+		if now.Sub(w.leftAt) >= s.cfg.GoneAfter {
+			s.removeWorker(w)
+		} else {
+			s.timers.scheduleAt(w, w.leftAt.Add(s.cfg.GoneAfter))
+		}
+		return
+	}
+	goneBefore := now.Add(-s.cfg.GoneAfter)
+	staleBefore := now.Add(-s.cfg.StaleAfter)
+	var next time.Time
+	for name, src := range w.sources {
+		for rank, rs := range src.ranks {
+			switch {
+			case !rs.heard.After(goneBefore):
+				delete(src.ranks, rank)
+			case rs.heard.After(staleBefore):
+				if t := rs.heard.Add(s.cfg.StaleAfter); next.IsZero() || t.Before(next) {
+					next = t
+				}
+			}
+		}
+		if len(src.ranks) == 0 {
+			delete(w.sources, name)
+		}
+	}
+	if len(w.sources) == 0 {
+		s.removeWorker(w)
+		return
+	}
+	s.evaluate(w, now)
+	if next.IsZero() {
+		// Nothing fresh: check again when the oldest state is gone.
+		next = oldestHeard(w).Add(s.cfg.GoneAfter)
+	}
+	s.timers.scheduleAt(w, next)
+}
+
+func oldestHeard(w *worker) time.Time {
+	var t time.Time
+	for _, src := range w.sources {
+		for _, rs := range src.ranks {
+			if t.IsZero() || rs.heard.Before(t) {
+				t = rs.heard
+			}
+		}
+	}
+	return t
+}
+
+func (s *state) removeWorker(w *worker) {
+	m := w.model
+	s.timers.remove(w)
+	m.setClass(w, ClassNone, 0)
+	delete(m.workers, w.id)
+	s.markDirty(m)
+}
+
+// setOverride replaces a model's override (nil clears it) and recomputes
+// its workers.
+func (s *state) setOverride(model string, t *events.Thresholds) {
+	if t == nil {
+		delete(s.overrides, model)
+	} else {
+		s.overrides[model] = *t
+	}
+	m := s.models[model]
+	if m == nil {
+		return
+	}
+	m.thresholds = s.thresholdsOf(model)
+	m.dirty = true
+	s.markDirty(m)
+	now := time.Now()
+	for _, w := range m.workers {
+		s.evaluate(w, now)
+	}
+}
+
+// flush hands every changed record to the Sink, and deletes the records of
+// models with no worker left.
+func (s *state) flush() {
+	for _, m := range s.dirty {
+		m.dirty, m.queued = false, false
+		if len(m.workers) == 0 {
+			delete(s.models, m.name)
+			s.sink.Delete(m.name)
+			s.metrics.forgetModel(m.name)
+			continue
+		}
+		s.sink.Set(m.record())
+		s.metrics.setWorkers(m)
+	}
+	clear(s.dirty)
+	s.dirty = s.dirty[:0]
+	s.metrics.models.Set(float64(len(s.models)))
+}
