@@ -3,6 +3,7 @@ package monitor
 import (
 	"container/heap"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/workermon/workermon/events"
@@ -122,7 +123,7 @@ func (s *state) applyReport(r *events.LoadReport, now time.Time) string {
 		if len(m.workers) >= s.cfg.MaxWorkersPerModel {
 			return rejectWorkers
 		}
-		w = &worker{id: r.WorkerID, model: m, sources: make(map[string]*sourceState), heapIndex: -1}
+		w = &worker{id: r.WorkerID, idText: strconv.FormatUint(r.WorkerID, 10), model: m, sources: make(map[string]*sourceState), heapIndex: -1}
 		m.workers[r.WorkerID] = w
 	}
 	if w.left {

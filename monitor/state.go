@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"container/heap"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/workermon/workermon/events"
@@ -38,6 +37,7 @@ type sourceState struct {
 // worker is one engine instance of a model.
 type worker struct {
 	id      uint64
+	idText  string // id in decimal, the key of the record's reasons
 	model   *model
 	sources map[string]*sourceState
 	class   Class
@@ -113,7 +113,8 @@ func (m *model) setClass(w *worker, c Class, r Reason) {
 func (m *model) record() events.BusySet {
 	reasons := make(map[string]string, len(m.busy))
 	for _, id := range m.busy {
-		reasons[strconv.FormatUint(id, 10)] = m.workers[id].reason.String()
+		w := m.workers[id]
+		reasons[w.idText] = w.reason.String()
 	}
 	return events.BusySet{
 		Model:      m.name,

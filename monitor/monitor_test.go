@@ -1,0 +1,463 @@
+package monitor
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/workermon/workermon/events"
+)
+
+// fakeSink remembers the last record of each model and every call.
+type fakeSink struct {
+	mu      sync.Mutex
+	records map[string]events.BusySet
+	sets    int
+	deletes []string
+}
+
+var _ Sink = (*fakeSink)(nil)
+
+func newFakeSink() *fakeSink { return &fakeSink{records: map[string]events.BusySet{}} }
+
+func (f *fakeSink) Set(b events.BusySet) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.records[b.Model] = b
+	f.sets++
+}
+
+func (f *fakeSink) Delete(model string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.records, model)
+	f.deletes = append(f.deletes, model)
+}
+
+func (f *fakeSink) record(model string) (events.BusySet, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, ok := f.records[model]
+	return b, ok
+}
+
+func (f *fakeSink) setCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.sets
+}
+
+const testModel = "Qwen/Qwen3-0.6B"
+
+// harness runs a Monitor inside a synctest bubble.
+type harness struct {
+	t    *testing.T
+	m    *Monitor
+	sink *fakeSink
+	reg  *prometheus.Registry
+	seq  uint64
+}
+
+func startHarness(t *testing.T, mutate func(*Config)) *harness {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Defaults = events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8), ActivePrefillTokens: events.Ptr[uint64](1000)}
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	sink := newFakeSink()
+	m, err := New(cfg, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = m.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return &harness{t: t, m: m, sink: sink, reg: reg}
+}
+
+// report builds a valid report of testModel; the caller adjusts it.
+func (h *harness) report(worker uint64, rank uint32, decode, total uint64) events.LoadReport {
+	h.seq++
+	return events.LoadReport{
+		Model: testModel, WorkerID: worker, DPRank: rank, DPSize: 1, Source: events.SourceEngine,
+		ActiveDecodeBlocks: events.Some(decode), KVTotalBlocks: events.Some(total),
+		BootID: 1, Seq: h.seq, SentAt: time.Now().UnixNano(),
+	}
+}
+
+func (h *harness) send(r events.LoadReport) {
+	h.t.Helper()
+	b, err := events.MarshalLoadReport(&r)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.m.Submit(events.LoadSubject(events.DefaultSubjectPrefix, r.Model, r.WorkerID, r.DPRank), b)
+	synctest.Wait()
+}
+
+func (h *harness) bye(g events.Goodbye) {
+	h.t.Helper()
+	b, err := events.MarshalGoodbye(&g)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.m.Submit(events.ByeSubject(events.DefaultSubjectPrefix, g.Model, g.WorkerID), b)
+	synctest.Wait()
+}
+
+func (h *harness) raw(subject string, data []byte) {
+	h.m.Submit(subject, data)
+	synctest.Wait()
+}
+
+// expect checks the lists of the model's record.
+func (h *harness) expect(busy, free, stale []uint64) events.BusySet {
+	h.t.Helper()
+	rec, ok := h.sink.record(testModel)
+	if !ok {
+		h.t.Fatalf("no record for %s", testModel)
+	}
+	norm := func(s []uint64) []uint64 {
+		if s == nil {
+			return []uint64{}
+		}
+		return s
+	}
+	if !slices.Equal(norm(rec.Busy), norm(busy)) || !slices.Equal(norm(rec.Free), norm(free)) ||
+		!slices.Equal(norm(rec.Stale), norm(stale)) {
+		h.t.Fatalf("record busy=%v free=%v stale=%v, want busy=%v free=%v stale=%v",
+			rec.Busy, rec.Free, rec.Stale, busy, free, stale)
+	}
+	if want := len(free) == 0 && len(busy) > 0; rec.AllBusy != want {
+		h.t.Fatalf("all_busy = %v, want %v", rec.AllBusy, want)
+	}
+	return rec
+}
+
+func (h *harness) rejected(reason string) float64 {
+	return testutil.ToFloat64(h.m.metrics.rejected.WithLabelValues(reason))
+}
+
+func TestBusySetFollowsReports(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		h.send(h.report(3, 0, 10, 100))
+		h.send(h.report(1, 0, 10, 100))
+		h.expect(nil, []uint64{1, 3}, nil)
+
+		h.send(h.report(3, 0, 81, 100))
+		rec := h.expect([]uint64{3}, []uint64{1}, nil)
+		if rec.Reasons["3"] != "kv" || len(rec.Reasons) != 1 {
+			t.Fatalf("reasons = %v", rec.Reasons)
+		}
+		if rec.Thresholds.ActiveDecodeBlocks == nil || *rec.Thresholds.ActiveDecodeBlocks != 0.8 {
+			t.Fatalf("thresholds in force not in record: %+v", rec.Thresholds)
+		}
+
+		r := h.report(1, 0, 10, 100)
+		r.ActivePrefillTokens = events.Some(1001)
+		h.send(r)
+		rec = h.expect([]uint64{1, 3}, nil, nil)
+		if rec.Reasons["1"] != "prefill" {
+			t.Fatalf("reasons = %v", rec.Reasons)
+		}
+
+		// An absent field keeps its value: decode stays 10 of 100, prefill drops.
+		r = h.report(1, 0, 0, 0)
+		r.ActiveDecodeBlocks, r.KVTotalBlocks, r.ActivePrefillTokens = events.Optional{}, events.Optional{}, events.Some(0)
+		h.send(r)
+		h.expect([]uint64{3}, []uint64{1}, nil)
+	})
+}
+
+func TestUnchangedReportsDoNotRewrite(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		h.send(h.report(1, 0, 10, 100))
+		n := h.sink.setCount()
+		for range 10 {
+			h.send(h.report(1, 0, 20, 100))
+		}
+		if got := h.sink.setCount(); got != n {
+			t.Fatalf("%d records for reports that changed nothing", got-n)
+		}
+	})
+}
+
+func TestDataParallelRanks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		rank := func(rank uint32, decode uint64) events.LoadReport {
+			r := h.report(7, rank, decode, 100)
+			r.DPStart, r.DPSize = 0, 2
+			return r
+		}
+		h.send(rank(0, 90))
+		h.expect(nil, []uint64{7}, nil) // rank 1 declared, never heard: free
+		h.send(rank(1, 90))
+		h.expect([]uint64{7}, nil, nil)
+		h.send(rank(1, 10))
+		h.expect(nil, []uint64{7}, nil)
+		h.send(rank(1, 95))
+		h.expect([]uint64{7}, nil, nil)
+		// Rank 1 falls silent while rank 0 keeps reporting: stale rank is free.
+		for range 12 {
+			time.Sleep(time.Second)
+			h.send(rank(0, 90))
+		}
+		h.expect(nil, []uint64{7}, nil)
+	})
+}
+
+func TestStaleThenGone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		h.send(h.report(1, 0, 90, 100))
+		h.send(h.report(2, 0, 10, 100))
+		time.Sleep(5 * time.Second)
+		h.send(h.report(2, 0, 10, 100))
+		time.Sleep(5*time.Second + time.Millisecond)
+		synctest.Wait()
+		// Worker 1 is stale: one free worker left, not all busy.
+		h.expect(nil, []uint64{2}, []uint64{1})
+		time.Sleep(45 * time.Second)
+		synctest.Wait()
+		h.expect(nil, nil, []uint64{1, 2})
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		h.expect(nil, nil, []uint64{2})
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if _, ok := h.sink.record(testModel); ok {
+			t.Fatal("record of a model with no worker left was not deleted")
+		}
+		// The model comes back with its next report.
+		h.send(h.report(2, 0, 10, 100))
+		h.expect(nil, []uint64{2}, nil)
+	})
+}
+
+func TestStaleWorkersAreNotFree(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		for id := range uint64(5) {
+			h.send(h.report(id+10, 0, 10, 100))
+		}
+		time.Sleep(9 * time.Second)
+		h.send(h.report(1, 0, 90, 100))
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		h.expect([]uint64{1}, nil, []uint64{10, 11, 12, 13, 14})
+	})
+}
+
+func TestDedupeAndBoots(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		r := h.report(1, 0, 90, 100)
+		r.Seq = 10
+		h.send(r)
+		h.expect([]uint64{1}, nil, nil)
+
+		dup := r
+		dup.ActiveDecodeBlocks = events.Some(0)
+		h.send(dup) // same seq
+		dup.Seq = 9
+		h.send(dup) // older seq
+		h.expect([]uint64{1}, nil, nil)
+		if got := h.rejected(rejectDuplicate); got != 2 {
+			t.Fatalf("duplicates counted %v, want 2", got)
+		}
+
+		time.Sleep(time.Millisecond)
+		late := dup
+		late.BootID, late.Seq, late.SentAt = 99, 100, r.SentAt-1 // a dead boot's late message
+		h.send(late)
+		h.expect([]uint64{1}, nil, nil)
+		if got := h.rejected(rejectDeadBoot); got != 1 {
+			t.Fatalf("dead boot counted %v, want 1", got)
+		}
+
+		restart := dup
+		restart.BootID, restart.Seq, restart.SentAt = 2, 1, time.Now().UnixNano()
+		restart.KVTotalBlocks = events.Optional{} // the new boot's state starts empty
+		h.send(restart)
+		h.expect(nil, []uint64{1}, nil)
+	})
+}
+
+func TestGoodbye(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		h.send(h.report(1, 0, 90, 100))
+		r := h.report(2, 0, 90, 100)
+		h.send(r)
+		router := h.report(2, 0, 0, 100)
+		router.Source, router.BootID = "router/a", 5
+		h.send(router)
+		h.expect([]uint64{1, 2}, nil, nil)
+
+		h.bye(events.Goodbye{Model: testModel, WorkerID: 2, Source: events.SourceEngine, BootID: 1, Seq: h.seq + 1, SentAt: time.Now().UnixNano()})
+		h.expect([]uint64{1}, nil, nil)
+
+		late := h.report(2, 0, 10, 100)
+		h.send(late)
+		h.expect([]uint64{1}, nil, nil)
+		if got := h.rejected(rejectAfterGoodbye); got != 1 {
+			t.Fatalf("after-goodbye rejections %v, want 1", got)
+		}
+
+		time.Sleep(time.Millisecond)
+		reborn := h.report(2, 0, 10, 100)
+		reborn.BootID, reborn.Seq, reborn.SentAt = 3, 1, time.Now().UnixNano()
+		h.send(reborn)
+		h.expect([]uint64{1}, []uint64{2}, nil)
+
+		// A router's goodbye only removes the router's state.
+		h.send(router)
+		rb := events.Goodbye{Model: testModel, WorkerID: 1, Source: "router/a", BootID: 5, Seq: 1000, SentAt: time.Now().UnixNano()}
+		h.bye(rb)
+		h.expect([]uint64{1}, []uint64{2}, nil)
+	})
+}
+
+func TestRejectsHostileInput(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		good := h.report(1, 0, 10, 100)
+		b, _ := events.MarshalLoadReport(&good)
+		h.raw("workermon.load.Qwen/Qwen3-0=2E6B.8.0", b)     // another worker's subject
+		h.raw("workermon.load.Qwen/Qwen3-0=2e6B.1.0", b)     // non-canonical key
+		h.raw("workermon.load.Qwen/Qwen3-0=2E6B.1.0", b[:5]) // truncated
+		h.raw("workermon.load.Qwen/Qwen3-0=2E6B.1.0", []byte(`{"v":1}`))
+		h.raw("workermon.load.Qwen/Qwen3-0=2E6B.1.0", nil)
+		h.raw("workermon.load.x", b)
+		if _, ok := h.sink.record(testModel); ok {
+			t.Fatal("a rejected message made a record")
+		}
+		for reason, want := range map[string]float64{"mismatch": 2, "malformed": 1, "not_map": 1, "empty": 1, "invalid_subject": 1} {
+			if got := h.rejected(reason); got != want {
+				t.Errorf("rejected{%s} = %v, want %v", reason, got, want)
+			}
+		}
+		h.send(good)
+		h.expect(nil, []uint64{1}, nil)
+	})
+}
+
+func TestCardinalityLimits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, func(c *Config) {
+			c.MaxModels, c.MaxWorkersPerModel, c.MaxSourcesPerWorker, c.MaxRanksPerWorker = 2, 3, 2, 4
+		})
+		for id := range uint64(5) {
+			h.send(h.report(id, 0, 10, 100))
+		}
+		h.expect(nil, []uint64{0, 1, 2}, nil)
+		if got := h.rejected(rejectWorkers); got != 2 {
+			t.Fatalf("too_many_workers = %v", got)
+		}
+		for _, m := range []string{"a", "b"} {
+			r := h.report(1, 0, 1, 1)
+			r.Model = m
+			h.send(r)
+		}
+		if got := h.rejected(rejectModels); got != 1 {
+			t.Fatalf("too_many_models = %v", got)
+		}
+		for _, s := range []string{"router/1", "router/2"} {
+			r := h.report(1, 0, 1, 1)
+			r.Source = s
+			h.send(r)
+		}
+		if got := h.rejected(rejectSources); got != 1 {
+			t.Fatalf("too_many_sources = %v", got)
+		}
+		r := h.report(1, 0, 1, 1)
+		r.DPSize = 5
+		h.send(r)
+		if got := h.rejected(rejectRanks); got != 1 {
+			t.Fatalf("too_many_ranks = %v", got)
+		}
+	})
+}
+
+func TestOverrideAppliesAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		h.send(h.report(1, 0, 50, 100))
+		h.expect(nil, []uint64{1}, nil)
+		ctx := context.Background()
+		if err := h.m.SetOverride(ctx, testModel, &events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.4)}); err != nil {
+			t.Fatal(err)
+		}
+		rec := h.expect([]uint64{1}, nil, nil)
+		if *rec.Thresholds.ActiveDecodeBlocks != 0.4 || *rec.Thresholds.ActivePrefillTokens != 1000 {
+			t.Fatalf("thresholds = %+v", rec.Thresholds)
+		}
+		if err := h.m.SetOverride(ctx, testModel, nil); err != nil {
+			t.Fatal(err)
+		}
+		h.expect(nil, []uint64{1}, nil)
+		if err := h.m.SetOverride(ctx, testModel, &events.Thresholds{ActiveDecodeBlocks: events.Ptr(2.0)}); err == nil {
+			t.Fatal("out-of-range override accepted")
+		}
+	})
+}
+
+func TestMetrics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		h.send(h.report(1, 0, 90, 100))
+		h.send(h.report(2, 0, 10, 100))
+		if got := testutil.ToFloat64(h.m.metrics.accepted.WithLabelValues("load")); got != 2 {
+			t.Fatalf("accepted = %v", got)
+		}
+		if got := testutil.ToFloat64(h.m.metrics.workers.WithLabelValues(testModel, "busy")); got != 1 {
+			t.Fatalf("busy workers = %v", got)
+		}
+		n, err := testutil.GatherAndCount(h.reg, "workermon_recompute_seconds", "workermon_report_lag_seconds")
+		if err != nil || n != 2 {
+			t.Fatalf("histograms gathered %d, %v", n, err)
+		}
+	})
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.StaleAfter, cfg.MaxModels, cfg.SubjectPrefix = 0, -1, "a..b"
+	cfg.Defaults.ActiveDecodeBlocks = events.Ptr(1.5)
+	err := cfg.Validate()
+	if err == nil {
+		t.Fatal("bad config accepted")
+	}
+	for _, want := range []string{"stale-after", "max-models", "prefix", "active_decode_blocks_threshold"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %s", err, want)
+		}
+	}
+	if _, err := New(DefaultConfig(), nil); err == nil {
+		t.Fatal("nil sink accepted")
+	}
+}
