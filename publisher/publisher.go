@@ -1,0 +1,262 @@
+// Package publisher is the engine side of workermon: the library an
+// inference engine links to publish the load of its data-parallel ranks to
+// NATS (contract §3–§4) and, given its endpoint, to register itself in the
+// worker registry that routers read (contract §7b).
+//
+// The engine calls Update whenever a rank's load changes; the call only
+// records the value. A goroutine of the Publisher publishes each changed rank
+// after a short debounce, carrying the rank's full last known state, and
+// publishes every rank again as a heartbeat when nothing changed. Close says
+// goodbye and removes the registry entry.
+//
+//	p, err := publisher.New(nc, "Qwen/Qwen3-0.6B", workerID, publisher.WithRanks(0, 2))
+//	...
+//	p.Update(1, publisher.Load{ActiveDecodeBlocks: events.Some(used), KVTotalBlocks: events.Some(total)})
+//	...
+//	p.Close(ctx)
+package publisher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/workermon/workermon/events"
+)
+
+// Sentinel errors of New and Update. Errors of Close wrap the NATS or
+// JetStream error that caused them.
+var (
+	// ErrInvalidConfig: an argument or option of New is missing, out of
+	// range, or conflicts with another.
+	ErrInvalidConfig = errors.New("invalid configuration")
+	// ErrRankOutOfRange: Update was given a rank outside the declared range.
+	ErrRankOutOfRange = errors.New("rank outside the declared range")
+	// ErrClosed: the Publisher is closed.
+	ErrClosed = errors.New("publisher closed")
+)
+
+// Load is one rank's load as the engine measures it. A field left unset
+// keeps the value the rank already has; a field set to zero sets it to zero.
+// A field never set is left out of the reports (the monitor treats it as
+// unknown).
+type Load struct {
+	ActiveDecodeBlocks  events.Optional // KV-cache blocks in use
+	KVTotalBlocks       events.Optional // KV-cache blocks in total
+	ActivePrefillTokens events.Optional // tokens being prefilled
+	MaxNumBatchedTokens events.Optional // batch-token capacity
+}
+
+// merge returns l with every field that u sets replaced by u's value.
+func (l Load) merge(u Load) Load {
+	if u.ActiveDecodeBlocks.Set {
+		l.ActiveDecodeBlocks = u.ActiveDecodeBlocks
+	}
+	if u.KVTotalBlocks.Set {
+		l.KVTotalBlocks = u.KVTotalBlocks
+	}
+	if u.ActivePrefillTokens.Set {
+		l.ActivePrefillTokens = u.ActivePrefillTokens
+	}
+	if u.MaxNumBatchedTokens.Set {
+		l.MaxNumBatchedTokens = u.MaxNumBatchedTokens
+	}
+	return l
+}
+
+// rankState is the last known load of one rank.
+type rankState struct {
+	load  Load
+	known bool // Update was called for this rank: it is published
+	dirty bool // changed since it was last published
+}
+
+// Publisher publishes the load of one worker's ranks for one source. Its
+// methods are safe for concurrent use.
+type Publisher struct {
+	nc       *nats.Conn
+	model    string
+	workerID uint64
+	bootID   uint64
+	opts     options
+	log      *slog.Logger
+	subjects []string // load subject of each rank, by rank - dpStart
+	bye      string
+
+	mu      sync.Mutex
+	ranks   []rankState // by rank - dpStart
+	pending bool        // a wake-up is on its way to the loop
+	closed  bool
+	wake    chan struct{}
+
+	// Owned by the run loop, then by Close once the loop has stopped.
+	enc    *events.Encoder
+	seq    uint64
+	sentAt []time.Time // when each rank was last published, zero if never
+	batch  []rankLoad
+	pubLog errorLog
+
+	reg       *registry // nil without an endpoint
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New starts a Publisher of worker workerID serving model over nc. It checks
+// every argument and option and returns an error wrapping ErrInvalidConfig
+// that names all the problems found. New does no network I/O: the first
+// reports go out after the first Update, and the registry entry, if any, is
+// written in the background.
+func New(nc *nats.Conn, model string, workerID uint64, opts ...Option) (*Publisher, error) {
+	o, optErr := newOptions(opts)
+	errs := []error{optErr} // errors.Join skips a nil
+	switch {
+	case nc == nil:
+		errs = append(errs, fmt.Errorf("publisher: check connection: nil: %w", ErrInvalidConfig))
+	case nc.IsClosed():
+		errs = append(errs, fmt.Errorf("publisher: check connection: closed: %w", ErrInvalidConfig))
+	}
+	if err := events.ValidateModel(model); err != nil {
+		errs = append(errs, fmt.Errorf("publisher: check model: %w: %w", ErrInvalidConfig, err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+
+	p := &Publisher{
+		nc:       nc,
+		model:    model,
+		workerID: workerID,
+		bootID:   newBootID(),
+		opts:     o,
+		log:      o.logger.With("model", model, "worker_id", workerID, "source", o.source),
+		subjects: make([]string, o.dpSize),
+		bye:      events.ByeSubject(o.prefix, model, workerID),
+		ranks:    make([]rankState, o.dpSize),
+		wake:     make(chan struct{}, 1),
+		enc:      events.NewEncoder(),
+		sentAt:   make([]time.Time, o.dpSize),
+		batch:    make([]rankLoad, 0, o.dpSize),
+	}
+	for i := range p.subjects {
+		p.subjects[i] = events.LoadSubject(o.prefix, model, workerID, o.dpStart+uint32(i))
+	}
+	p.pubLog = errorLog{log: p.log, what: "publish report"}
+	if o.endpoint != "" {
+		reg, err := newRegistry(p)
+		if err != nil {
+			return nil, err
+		}
+		p.reg = reg
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
+	p.wg.Add(1)
+	go p.run(ctx, nc.StatusChanged(nats.CONNECTED))
+	if p.reg != nil {
+		p.wg.Add(1)
+		go func(connected chan nats.Status) {
+			defer p.wg.Done()
+			p.reg.run(ctx, connected)
+		}(nc.StatusChanged(nats.CONNECTED))
+	}
+	return p, nil
+}
+
+// newBootID returns a random, non-zero boot id.
+func newBootID() uint64 {
+	for {
+		if id := rand.Uint64(); id != 0 {
+			return id
+		}
+	}
+}
+
+// BootID returns the boot id of this Publisher's reports, random per
+// Publisher.
+func (p *Publisher) BootID() uint64 { return p.bootID }
+
+// Update records rank's load: every field that load sets replaces the rank's
+// value, the others keep theirs. A change is published after the debounce;
+// an Update that changes nothing publishes nothing (the heartbeat keeps the
+// rank alive). Update never blocks on the network and is safe to call from
+// many goroutines. It fails with ErrRankOutOfRange for a rank outside the
+// declared range and with ErrClosed once Close has begun.
+func (p *Publisher) Update(rank uint32, load Load) error {
+	start := p.opts.dpStart
+	if rank < start || uint64(rank) >= uint64(start)+uint64(p.opts.dpSize) {
+		return fmt.Errorf("publisher: update rank %d: not in [%d, %d): %w",
+			rank, start, uint64(start)+uint64(p.opts.dpSize), ErrRankOutOfRange)
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return fmt.Errorf("publisher: update rank %d: %w", rank, ErrClosed)
+	}
+	r := &p.ranks[rank-start]
+	merged := r.load.merge(load)
+	if r.known && merged == r.load {
+		p.mu.Unlock()
+		return nil
+	}
+	r.load, r.known, r.dirty = merged, true, true
+	wake := !p.pending
+	p.pending = true
+	p.mu.Unlock()
+	if wake {
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// Close stops the Publisher: it publishes the updates still waiting for
+// their debounce, then the Goodbye, flushes the connection so the server has
+// them, and deletes the registry entry. Close does not close nc. It returns
+// when done or when ctx ends, and within DefaultCloseTimeout in any case;
+// every goroutine of the Publisher has stopped when it returns. Further
+// calls return the first call's result.
+func (p *Publisher) Close(ctx context.Context) error {
+	p.closeOnce.Do(func() { p.closeErr = p.close(ctx) })
+	return p.closeErr
+}
+
+func (p *Publisher) close(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, DefaultCloseTimeout)
+	defer cancel()
+
+	// Stop intake, then the loops; from here on this goroutine owns the
+	// loop's state.
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.cancel()
+	p.wg.Wait()
+
+	var errs []error
+	if err := p.flush(false); err != nil {
+		errs = append(errs, err)
+	}
+	if err := p.publishGoodbye(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := p.nc.FlushWithContext(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("publisher: flush connection: %w", err))
+	}
+	if p.reg != nil {
+		if err := p.reg.remove(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
