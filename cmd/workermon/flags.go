@@ -1,0 +1,110 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// errUsage marks errors in the command line or environment.
+var errUsage = errors.New("usage")
+
+// EnvPrefix prefixes the environment variable of every flag:
+// --stale-after is WORKERMON_STALE_AFTER.
+const EnvPrefix = "WORKERMON_"
+
+// envName returns the environment variable that sets flag name.
+func envName(name string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// parseFlags parses args, then sets every flag not given on the command line
+// from its environment variable, if present. aliases maps extra variables
+// (like NATS_URL) to flag names; the WORKERMON_ variable wins over an alias.
+func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer, aliases map[string]string) error {
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: workermon %s [flags]\n\nEvery flag can also be set by the environment variable %s<FLAG>\n(upper case, '-' as '_'), e.g. --stale-after as %s.\n\n",
+			fs.Name(), EnvPrefix, envName("stale-after"))
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	setFromEnv := func(env, name string) {
+		v, ok := os.LookupEnv(env)
+		if !ok || given[name] {
+			return
+		}
+		if err := fs.Set(name, v); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %s=%q: %v", errUsage, env, v, err))
+			return
+		}
+		given[name] = true
+	}
+	fs.VisitAll(func(f *flag.Flag) { setFromEnv(envName(f.Name), f.Name) })
+	for env, name := range aliases {
+		setFromEnv(env, name)
+	}
+	return errors.Join(errs...)
+}
+
+// optFloat is a float flag that may be left unset.
+type optFloat struct{ p **float64 }
+
+func (o optFloat) String() string {
+	if o.p == nil || *o.p == nil {
+		return ""
+	}
+	return strconv.FormatFloat(**o.p, 'g', -1, 64)
+}
+
+func (o optFloat) Set(s string) error {
+	if s == "" {
+		*o.p = nil
+		return nil
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+		return fmt.Errorf("%q is not a finite number", s)
+	}
+	*o.p = &v
+	return nil
+}
+
+// optUint is an unsigned integer flag that may be left unset.
+type optUint struct{ p **uint64 }
+
+func (o optUint) String() string {
+	if o.p == nil || *o.p == nil {
+		return ""
+	}
+	return strconv.FormatUint(**o.p, 10)
+}
+
+func (o optUint) Set(s string) error {
+	if s == "" {
+		*o.p = nil
+		return nil
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return fmt.Errorf("%q is not a non-negative integer", s)
+	}
+	*o.p = &v
+	return nil
+}

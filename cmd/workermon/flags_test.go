@@ -1,0 +1,88 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseFlagsFromEnv(t *testing.T) {
+	o := defaultServeOptions()
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	o.flags(fs)
+	t.Setenv("WORKERMON_STALE_AFTER", "3s")
+	t.Setenv("WORKERMON_ACTIVE_DECODE_BLOCKS_THRESHOLD", "0.75")
+	t.Setenv("WORKERMON_GONE_AFTER", "30s")
+	t.Setenv("NATS_URL", "nats://example:4222")
+	if err := parseFlags(fs, []string{"--gone-after", "45s"}, io.Discard, map[string]string{"NATS_URL": "nats-url"}); err != nil {
+		t.Fatal(err)
+	}
+	if o.monitor.StaleAfter != 3*time.Second {
+		t.Errorf("stale-after = %v, want 3s from the environment", o.monitor.StaleAfter)
+	}
+	if o.monitor.GoneAfter != 45*time.Second {
+		t.Errorf("gone-after = %v, want 45s: the command line wins", o.monitor.GoneAfter)
+	}
+	if v := o.monitor.Defaults.ActiveDecodeBlocks; v == nil || *v != 0.75 {
+		t.Errorf("decode threshold = %v", v)
+	}
+	if o.monitor.Defaults.ActivePrefillTokens != nil {
+		t.Error("unset threshold is set")
+	}
+	if o.natsURL != "nats://example:4222" {
+		t.Errorf("nats-url = %q", o.natsURL)
+	}
+}
+
+func TestParseFlagsErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+	}{
+		{"bad duration", []string{"--stale-after", "soon"}, nil},
+		{"NaN threshold", []string{"--active-decode-blocks-threshold", "NaN"}, nil},
+		{"negative tokens", []string{"--active-prefill-tokens-threshold", "-1"}, nil},
+		{"bad env", nil, map[string]string{"WORKERMON_MAX_MODELS": "many"}},
+		{"stray argument", []string{"extra"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			o := defaultServeOptions()
+			fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+			o.flags(fs)
+			if err := parseFlags(fs, tt.args, io.Discard, nil); !errors.Is(err, errUsage) {
+				t.Fatalf("err = %v, want a usage error", err)
+			}
+		})
+	}
+}
+
+func TestRunExitCodes(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run(nil, &out, &errOut); code != 2 {
+		t.Errorf("no command: exit %d", code)
+	}
+	if code := run([]string{"nope"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "unknown command") {
+		t.Errorf("unknown command: exit %d, %q", code, errOut.String())
+	}
+	if code := run([]string{"serve", "--stale-after", "x"}, &out, &errOut); code != 2 {
+		t.Errorf("bad flag: exit %d", code)
+	}
+	if code := run([]string{"serve", "-h"}, &out, &errOut); code != 0 {
+		t.Errorf("-h: exit %d", code)
+	}
+	// Configuration problems are reported before anything starts.
+	errOut.Reset()
+	if code := run([]string{"serve", "--stale-after", "0s", "--max-models", "0"}, &out, &errOut); code != 1 ||
+		!strings.Contains(errOut.String(), "stale-after") || !strings.Contains(errOut.String(), "max-models") {
+		t.Errorf("invalid config: exit %d, %q", code, errOut.String())
+	}
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/workermon/workermon/busylist"
+	"github.com/workermon/workermon/monitor"
+	"github.com/workermon/workermon/natsconn"
+)
+
+// Defaults of `workermon serve` that are not defaults of a package.
+const (
+	// DefaultMonitorHTTPAddr is where the monitor serves its API and metrics.
+	DefaultMonitorHTTPAddr = "127.0.0.1:8090"
+	// DefaultShutdownTimeout bounds the whole clean shutdown.
+	DefaultShutdownTimeout = 10 * time.Second
+)
+
+// serveOptions is everything `workermon serve` can be told.
+type serveOptions struct {
+	natsURL    string
+	nats       natsconn.Config
+	embedded   natsconn.EmbeddedConfig
+	httpAddr   string
+	monitor    monitor.Config
+	writer     busylist.WriterConfig
+	replicas   int
+	adminToken string
+	log        logOptions
+}
+
+func defaultServeOptions() serveOptions {
+	host, _ := os.Hostname()
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	o := serveOptions{
+		nats:     natsconn.DefaultConfig(),
+		embedded: natsconn.DefaultEmbeddedConfig(),
+		httpAddr: DefaultMonitorHTTPAddr,
+		monitor:  monitor.DefaultConfig(),
+		writer:   busylist.DefaultWriterConfig(),
+		replicas: 1,
+		log:      defaultLogOptions(),
+	}
+	o.nats.URL = ""
+	o.nats.Name = "workermon-monitor"
+	o.writer.MonitorID = host + "-" + hex.EncodeToString(b[:])
+	return o
+}
+
+// natsFlags registers the flags of a NATS client shared by every command.
+func natsFlags(fs *flag.FlagSet, url *string, c *natsconn.Config) {
+	fs.StringVar(url, "nats-url", *url, "NATS server URL(s), comma-separated (env NATS_URL too)")
+	fs.StringVar(&c.CredsFile, "nats-creds", c.CredsFile, "NATS credentials file (JWT + nkey seed)")
+	fs.StringVar(&c.NKeyFile, "nats-nkey", c.NKeyFile, "file with a NATS user nkey seed")
+	fs.StringVar(&c.User, "nats-user", c.User, "NATS user name")
+	fs.StringVar(&c.Password, "nats-password", c.Password, "NATS password")
+	fs.StringVar(&c.Token, "nats-token", c.Token, "NATS authentication token")
+	fs.StringVar(&c.TLSCA, "nats-tls-ca", c.TLSCA, "PEM file of the CAs that verify the NATS server")
+	fs.StringVar(&c.TLSCert, "nats-tls-cert", c.TLSCert, "PEM client certificate for NATS (with --nats-tls-key)")
+	fs.StringVar(&c.TLSKey, "nats-tls-key", c.TLSKey, "PEM key of the client certificate")
+	fs.BoolVar(&c.IgnoreDiscoveredServers, "nats-ignore-discovered", c.IgnoreDiscoveredServers,
+		"use only the given NATS URLs, not the servers a cluster advertises")
+}
+
+func (o *serveOptions) flags(fs *flag.FlagSet) {
+	natsFlags(fs, &o.natsURL, &o.nats)
+	fs.StringVar(&o.embedded.Addr, "embedded-nats-addr", o.embedded.Addr, "listen address of the embedded NATS server (used when --nats-url is empty)")
+	fs.StringVar(&o.embedded.DataDir, "data-dir", o.embedded.DataDir, "JetStream store of the embedded NATS server")
+	fs.StringVar(&o.httpAddr, "http-addr", o.httpAddr, "listen address of the API, /metrics, /healthz and /readyz")
+	fs.StringVar(&o.monitor.SubjectPrefix, "subject-prefix", o.monitor.SubjectPrefix, "first subject token(s) of load and goodbye subjects")
+	fs.Var(optFloat{&o.monitor.Defaults.ActiveDecodeBlocks}, "active-decode-blocks-threshold",
+		"default KV-cache threshold in [0, 1]: busy when active_decode_blocks > threshold × kv_total_blocks (unset: off)")
+	fs.Var(optUint{&o.monitor.Defaults.ActivePrefillTokens}, "active-prefill-tokens-threshold",
+		"default prefill threshold in tokens: busy when active_prefill_tokens > threshold (unset: off)")
+	fs.Var(optFloat{&o.monitor.Defaults.ActivePrefillTokensFrac}, "active-prefill-tokens-threshold-frac",
+		"default prefill threshold as a fraction of max_num_batched_tokens (unset: off)")
+	fs.DurationVar(&o.monitor.StaleAfter, "stale-after", o.monitor.StaleAfter, "a state not heard for this long no longer counts")
+	fs.DurationVar(&o.monitor.GoneAfter, "gone-after", o.monitor.GoneAfter, "a silent worker is removed after this long; also a goodbye's tombstone")
+	fs.DurationVar(&o.writer.Heartbeat, "heartbeat", o.writer.Heartbeat, "re-put every record at least this often")
+	fs.DurationVar(&o.writer.Warmup, "warmup", o.writer.Warmup, "wait this long after start before the first write")
+	fs.StringVar(&o.writer.MonitorID, "monitor-id", o.writer.MonitorID, "this monitor's name in the records")
+	fs.IntVar(&o.replicas, "replicas", o.replicas, "replicas of the buckets this monitor creates")
+	fs.IntVar(&o.monitor.MaxModels, "max-models", o.monitor.MaxModels, "most models tracked; reports of more are rejected")
+	fs.IntVar(&o.monitor.MaxWorkersPerModel, "max-workers-per-model", o.monitor.MaxWorkersPerModel, "most workers tracked per model")
+	fs.IntVar(&o.monitor.MaxSourcesPerWorker, "max-sources-per-worker", o.monitor.MaxSourcesPerWorker, "most sources tracked per worker")
+	fs.IntVar(&o.monitor.MaxRanksPerWorker, "max-ranks-per-worker", o.monitor.MaxRanksPerWorker, "largest dp_size a report may declare")
+	fs.StringVar(&o.adminToken, "admin-token", o.adminToken, "bearer token required to change thresholds (unset: anyone can)")
+	o.log.flags(fs)
+}
+
+// validate checks what can be checked before anything starts.
+func (o serveOptions) validate() error {
+	var errs []error
+	if err := o.monitor.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if o.natsURL == "" {
+		if err := o.embedded.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	} else {
+		c := o.nats
+		c.URL = o.natsURL
+		if err := c.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if o.replicas < 1 || o.replicas > 5 {
+		errs = append(errs, fmt.Errorf("serve: --replicas %d must be 1 to 5", o.replicas))
+	}
+	return errors.Join(errs...)
+}
+
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o := defaultServeOptions()
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	o.flags(fs)
+	if err := parseFlags(fs, args, stderr, map[string]string{"NATS_URL": "nats-url"}); err != nil {
+		return err
+	}
+	log, err := o.log.logger(stderr)
+	if err != nil {
+		return err
+	}
+	svc, err := startService(ctx, o, log, newRegistry())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "workermon monitor: NATS %s, API http://%s\n", svc.natsURL, svc.httpAddr)
+	<-ctx.Done()
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), DefaultShutdownTimeout)
+	defer cancel()
+	return svc.Close(sctx)
+}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/publisher"
+)
+
+// testService starts a monitor on its own embedded NATS server with short
+// intervals, and stops it at the end of the test.
+func testService(t *testing.T, mutate func(*serveOptions)) *service {
+	t.Helper()
+	o := defaultServeOptions()
+	o.embedded.Addr = "127.0.0.1:0"
+	o.embedded.DataDir = t.TempDir()
+	o.httpAddr = "127.0.0.1:0"
+	o.writer.Warmup = 100 * time.Millisecond
+	o.writer.Heartbeat = 300 * time.Millisecond
+	o.monitor.Defaults = events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8)}
+	if mutate != nil {
+		mutate(&o)
+	}
+	svc, err := startService(t.Context(), o, slog.New(slog.DiscardHandler), newRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := svc.Close(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	return svc
+}
+
+func connect(t *testing.T, url string) (*nats.Conn, jetstream.KeyValue) {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kv jetstream.KeyValue
+	waitFor(t, 5*time.Second, "busy bucket", func() bool {
+		kv, err = js.KeyValue(t.Context(), events.BusyBucket)
+		return err == nil
+	})
+	return nc, kv
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// record reads and decodes the model's record; ok is false when absent.
+func record(t *testing.T, kv jetstream.KeyValue, model string) (events.BusySet, bool) {
+	t.Helper()
+	e, err := kv.Get(t.Context(), events.ModelKey(model))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return events.BusySet{}, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := events.DecodeBusySet(e.Value())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, true
+}
+
+// TestSlice runs the vertical slice: a publisher's reports reach the
+// monitor, whose record appears in the busy bucket and follows the load.
+func TestSlice(t *testing.T) {
+	t.Parallel()
+	svc := testService(t, nil)
+	nc, kv := connect(t, svc.natsURL)
+	const model = "Qwen/Qwen3-0.6B"
+
+	pubs := map[uint64]*publisher.Publisher{}
+	for _, id := range []uint64{11, 12} {
+		p, err := publisher.New(nc, model, id, publisher.WithRanks(0, 2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pubs[id] = p
+		for rank := range uint32(2) {
+			if err := p.Update(rank, publisher.Load{ActiveDecodeBlocks: events.Some(10), KVTotalBlocks: events.Some(100)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitFor(t, 5*time.Second, "both workers free", func() bool {
+		b, ok := record(t, kv, model)
+		return ok && slices.Equal(b.Free, []uint64{11, 12}) && len(b.Busy) == 0
+	})
+
+	// Both ranks of worker 11 over 80%: busy; worker 12 keeps the model open.
+	for rank := range uint32(2) {
+		_ = pubs[11].Update(rank, publisher.Load{ActiveDecodeBlocks: events.Some(90)})
+	}
+	waitFor(t, 5*time.Second, "worker 11 busy", func() bool {
+		b, _ := record(t, kv, model)
+		return slices.Equal(b.Busy, []uint64{11}) && b.Reasons["11"] == "kv" && !b.AllBusy
+	})
+	for rank := range uint32(2) {
+		_ = pubs[12].Update(rank, publisher.Load{ActiveDecodeBlocks: events.Some(81)})
+	}
+	waitFor(t, 5*time.Second, "all busy", func() bool {
+		b, _ := record(t, kv, model)
+		return b.AllBusy && slices.Equal(b.Busy, []uint64{11, 12})
+	})
+
+	// A goodbye removes the worker at once.
+	if err := pubs[12].Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "worker 12 gone", func() bool {
+		b, _ := record(t, kv, model)
+		return slices.Equal(b.Busy, []uint64{11}) && len(b.Free) == 0 && len(b.Stale) == 0
+	})
+
+	// Heartbeat: the record is re-put with a later updated_at and seq.
+	first, _ := record(t, kv, model)
+	waitFor(t, 5*time.Second, "heartbeat re-put", func() bool {
+		b, _ := record(t, kv, model)
+		return b.Seq > first.Seq && b.UpdatedAt > first.UpdatedAt
+	})
+	if first.Epoch != 1 || first.MonitorID == "" {
+		t.Fatalf("epoch %d, monitor_id %q", first.Epoch, first.MonitorID)
+	}
+	_ = pubs[11].Close(t.Context())
+}
+
+// TestServeHTTP checks health, readiness and metrics of a running monitor.
+func TestServeHTTP(t *testing.T) {
+	t.Parallel()
+	svc := testService(t, nil)
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + svc.httpAddr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, _ := get("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz = %d", code)
+	}
+	waitFor(t, 5*time.Second, "ready", func() bool { code, _ := get("/readyz"); return code == http.StatusOK })
+
+	nc, _ := connect(t, svc.natsURL)
+	if err := nc.Publish("workermon.load.m.1.0", []byte("garbage")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "rejection counted", func() bool {
+		_, body := get("/metrics")
+		return strings.Contains(body, `workermon_reports_rejected_total{reason="not_map"} 1`)
+	})
+	_, body := get("/metrics")
+	for _, name := range []string{"workermon_busy_writer_epoch", "workermon_recompute_seconds", "go_goroutines"} {
+		if !strings.Contains(body, name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+}
