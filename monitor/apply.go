@@ -33,6 +33,7 @@ type state struct {
 	dec       *events.Decoder
 	models    map[string]*model
 	overrides map[string]events.Thresholds
+	seen      map[string]struct{} // models seen in a report since start, bounded
 	timers    timers
 	dirty     []*model // models with dirty set, each once
 	sc        scratch
@@ -50,6 +51,7 @@ func newState(cfg Config, sink Sink, m *metrics, log *slog.Logger) *state {
 		dec:       events.NewDecoder(),
 		models:    make(map[string]*model),
 		overrides: make(map[string]events.Thresholds),
+		seen:      make(map[string]struct{}),
 	}
 }
 
@@ -205,6 +207,9 @@ func (s *state) applyGoodbye(g *events.Goodbye, now time.Time) string {
 }
 
 func (s *state) addModel(name string) *model {
+	if len(s.seen) < maxSeenModels {
+		s.seen[name] = struct{}{}
+	}
 	m := &model{name: name, workers: make(map[uint64]*worker)}
 	m.thresholds = s.thresholdsOf(name)
 	s.models[name] = m

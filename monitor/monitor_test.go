@@ -461,3 +461,55 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatal("nil sink accepted")
 	}
 }
+
+func TestQueries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		ctx := context.Background()
+		r := h.report(2, 1, 90, 100)
+		r.DPStart, r.DPSize = 0, 2
+		h.send(r)
+		r = h.report(2, 0, 95, 100)
+		r.DPStart, r.DPSize = 0, 2
+		h.send(r)
+		est := h.report(2, 0, 10, 50)
+		est.Source, est.DPSize, est.BootID = "router/x", 2, 9
+		h.send(est)
+		h.send(h.report(1, 0, 10, 100))
+
+		loads, err := h.m.Loads(ctx, testModel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(loads) != 3 || loads[0].WorkerID != 1 || loads[1].WorkerID != 2 || loads[1].DPRank != 0 || loads[2].DPRank != 1 {
+			t.Fatalf("rows not sorted by worker and rank: %+v", loads)
+		}
+		row := loads[1]
+		// Max over sources for load, smallest positive capacity.
+		if row.ActiveDecodeBlocks != 95 || row.KVTotalBlocks != 50 || !row.Busy || row.Reason != "kv" || len(row.Sources) != 2 {
+			t.Fatalf("row = %+v", row)
+		}
+		if v := row.Sources["router/x"].ActiveDecodeBlocks; v == nil || *v != 10 {
+			t.Fatalf("router source = %+v", row.Sources["router/x"])
+		}
+		workers, err := h.m.Workers(ctx, "")
+		if err != nil || len(workers) != 2 || workers[1].State != "busy" || !slices.Equal(workers[1].Sources, []string{"engine", "router/x"}) {
+			t.Fatalf("workers = %+v, %v", workers, err)
+		}
+		recs, err := h.m.Records(ctx, "")
+		if err != nil || len(recs) != 1 || !slices.Equal(recs[0].Busy, []uint64{2}) {
+			t.Fatalf("records = %+v, %v", recs, err)
+		}
+		if ok, _ := h.m.Known(ctx, testModel); !ok {
+			t.Fatal("model not known")
+		}
+		if ok, _ := h.m.Known(ctx, "other"); ok {
+			t.Fatal("unknown model known")
+		}
+		_ = h.m.SetOverride(ctx, "other", &events.Thresholds{ActivePrefillTokens: events.Ptr[uint64](5)})
+		th, err := h.m.Thresholds(ctx)
+		if err != nil || len(th) != 2 || *th["other"].ActivePrefillTokens != 5 || *th["other"].ActiveDecodeBlocks != 0.8 {
+			t.Fatalf("thresholds = %+v, %v", th, err)
+		}
+	})
+}

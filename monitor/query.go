@@ -1,0 +1,213 @@
+package monitor
+
+import (
+	"cmp"
+	"context"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/workermon/workermon/events"
+)
+
+// maxSeenModels bounds the names remembered as "seen since start" beyond
+// the models currently tracked.
+const maxSeenModels = 4 * DefaultMaxModels
+
+// SourceLoad is one source's view of a rank, as the inspection API shows it.
+// Absent fields are nil.
+type SourceLoad struct {
+	ActiveDecodeBlocks  *uint64 `json:"active_decode_blocks"`
+	KVTotalBlocks       *uint64 `json:"kv_total_blocks"`
+	ActivePrefillTokens *uint64 `json:"active_prefill_tokens"`
+	MaxNumBatchedTokens *uint64 `json:"max_num_batched_tokens"`
+	BootID              uint64  `json:"boot_id"`
+	Seq                 uint64  `json:"seq"`
+	AgeSeconds          float64 `json:"age_seconds"`
+	Stale               bool    `json:"stale"`
+}
+
+// LoadRow is one rank of one worker: the load the busy rules see (maximum
+// over fresh sources, smallest positive capacity) and each source's values.
+type LoadRow struct {
+	Model               string                `json:"model"`
+	WorkerID            uint64                `json:"worker_id"`
+	DPRank              uint32                `json:"dp_rank"`
+	ActiveDecodeBlocks  uint64                `json:"active_decode_blocks"`
+	KVTotalBlocks       uint64                `json:"kv_total_blocks"`
+	ActivePrefillTokens uint64                `json:"active_prefill_tokens"`
+	MaxNumBatchedTokens uint64                `json:"max_num_batched_tokens"`
+	Sources             map[string]SourceLoad `json:"sources"`
+	Busy                bool                  `json:"busy"`
+	Reason              string                `json:"reason,omitempty"`
+	Stale               bool                  `json:"stale"`
+	AgeSeconds          float64               `json:"age_seconds"`
+}
+
+// WorkerRow is one worker as the inspection API shows it.
+type WorkerRow struct {
+	Model      string   `json:"model"`
+	WorkerID   uint64   `json:"worker_id"`
+	State      string   `json:"state"` // busy, free, stale, or left (said goodbye)
+	Reason     string   `json:"reason,omitempty"`
+	Sources    []string `json:"sources"`
+	Ranks      []uint32 `json:"ranks"` // ranks with state, ascending
+	AgeSeconds float64  `json:"age_seconds"`
+}
+
+// Known reports whether the monitor knows model: it has state for it, has
+// seen it in a report since start, or holds an override for it.
+func (m *Monitor) Known(ctx context.Context, model string) (bool, error) {
+	var ok bool
+	err := m.do(ctx, func(s *state) {
+		_, seen := s.seen[model]
+		_, over := s.overrides[model]
+		ok = seen || over || s.models[model] != nil
+	})
+	return ok, err
+}
+
+// Thresholds returns the thresholds in force for every model the monitor
+// knows (see Known), by model name.
+func (m *Monitor) Thresholds(ctx context.Context) (map[string]events.Thresholds, error) {
+	out := map[string]events.Thresholds{}
+	err := m.do(ctx, func(s *state) {
+		for name := range s.seen {
+			out[name] = s.thresholdsOf(name)
+		}
+		for name := range s.overrides {
+			out[name] = s.thresholdsOf(name)
+		}
+	})
+	return out, err
+}
+
+// ThresholdsOf returns the thresholds in force for model.
+func (m *Monitor) ThresholdsOf(ctx context.Context, model string) (events.Thresholds, error) {
+	var t events.Thresholds
+	err := m.do(ctx, func(s *state) { t = s.thresholdsOf(model) })
+	return t, err
+}
+
+// Records returns the current content of the records of model, or of every
+// model when model is empty, sorted by model.
+func (m *Monitor) Records(ctx context.Context, model string) ([]events.BusySet, error) {
+	var out []events.BusySet
+	err := m.do(ctx, func(s *state) {
+		for _, md := range s.selected(model) {
+			out = append(out, md.record())
+		}
+	})
+	return out, err
+}
+
+// Workers returns the workers of model (every model when empty), sorted by
+// model and worker id.
+func (m *Monitor) Workers(ctx context.Context, model string) ([]WorkerRow, error) {
+	var out []WorkerRow
+	err := m.do(ctx, func(s *state) {
+		now := time.Now()
+		for _, md := range s.selected(model) {
+			for _, id := range slices.Sorted(maps.Keys(md.workers)) {
+				w := md.workers[id]
+				row := WorkerRow{Model: md.name, WorkerID: id, State: w.class.String(), Reason: w.reason.String(),
+					Sources: slices.Sorted(maps.Keys(w.sources)), Ranks: []uint32{}}
+				if w.left {
+					row.State = "left"
+					row.AgeSeconds = now.Sub(w.leftAt).Seconds()
+				} else {
+					row.AgeSeconds = now.Sub(w.lastHeard()).Seconds()
+				}
+				ranks := map[uint32]struct{}{}
+				for _, src := range w.sources {
+					for r := range src.ranks {
+						ranks[r] = struct{}{}
+					}
+				}
+				row.Ranks = append(row.Ranks, slices.Sorted(maps.Keys(ranks))...)
+				out = append(out, row)
+			}
+		}
+	})
+	return out, err
+}
+
+// Loads returns one row per worker and rank of model (every model when
+// empty), sorted by model, worker id and rank.
+func (m *Monitor) Loads(ctx context.Context, model string) ([]LoadRow, error) {
+	var out []LoadRow
+	err := m.do(ctx, func(s *state) {
+		now := time.Now()
+		freshAfter := now.Add(-s.cfg.StaleAfter)
+		for _, md := range s.selected(model) {
+			for _, id := range slices.Sorted(maps.Keys(md.workers)) {
+				out = append(out, loadRows(md, md.workers[id], now, freshAfter)...)
+			}
+		}
+	})
+	return out, err
+}
+
+func loadRows(md *model, w *worker, now, freshAfter time.Time) []LoadRow {
+	rows := map[uint32]*LoadRow{}
+	aggs := map[uint32]*rankAgg{}
+	for name, src := range w.sources {
+		for rank, rs := range src.ranks {
+			row := rows[rank]
+			if row == nil {
+				row = &LoadRow{Model: md.name, WorkerID: w.id, DPRank: rank, Sources: map[string]SourceLoad{}, Stale: true,
+					AgeSeconds: now.Sub(rs.heard).Seconds()}
+				rows[rank] = row
+				aggs[rank] = &rankAgg{}
+			}
+			fresh := rs.heard.After(freshAfter)
+			row.Sources[name] = SourceLoad{
+				ActiveDecodeBlocks: optPtr(rs.load[sigDecode]), KVTotalBlocks: optPtr(rs.load[sigKVTotal]),
+				ActivePrefillTokens: optPtr(rs.load[sigPrefill]), MaxNumBatchedTokens: optPtr(rs.load[sigMaxBatched]),
+				BootID: src.bootID, Seq: src.seq, AgeSeconds: now.Sub(rs.heard).Seconds(), Stale: !fresh,
+			}
+			row.AgeSeconds = min(row.AgeSeconds, now.Sub(rs.heard).Seconds())
+			if fresh {
+				row.Stale = false
+				aggs[rank].add(rs)
+			}
+		}
+	}
+	out := make([]LoadRow, 0, len(rows))
+	for rank, row := range rows {
+		a := aggs[rank].RankLoad
+		row.ActiveDecodeBlocks, row.KVTotalBlocks = a.ActiveDecodeBlocks, a.KVTotalBlocks
+		row.ActivePrefillTokens, row.MaxNumBatchedTokens = a.ActivePrefillTokens, a.MaxNumBatchedTokens
+		if !row.Stale {
+			r := RankBusy(md.thresholds, a)
+			row.Busy, row.Reason = r != 0, r.String()
+		}
+		out = append(out, *row)
+	}
+	slices.SortFunc(out, func(a, b LoadRow) int { return cmp.Compare(a.DPRank, b.DPRank) })
+	return out
+}
+
+func optPtr(o events.Optional) *uint64 {
+	if !o.Set {
+		return nil
+	}
+	v := o.Value
+	return &v
+}
+
+// selected returns the model named, or every model sorted by name.
+func (s *state) selected(name string) []*model {
+	if name != "" {
+		if md := s.models[name]; md != nil {
+			return []*model{md}
+		}
+		return nil
+	}
+	names := slices.Sorted(maps.Keys(s.models))
+	out := make([]*model, len(names))
+	for i, n := range names {
+		out[i] = s.models[n]
+	}
+	return out
+}
