@@ -234,9 +234,13 @@ func TestThresholdStoreConcurrentMerge(t *testing.T) {
 		threshStore(t, writerJetStream(t, natstest.Connect(t, e.srv))),
 	}
 	patches := []func(i int) events.Thresholds{
-		func(i int) events.Thresholds { return events.Thresholds{ActiveDecodeBlocks: events.Ptr(float64(i) / 100)} },
+		func(i int) events.Thresholds {
+			return events.Thresholds{ActiveDecodeBlocks: events.Ptr(float64(i) / 100)}
+		},
 		func(i int) events.Thresholds { return events.Thresholds{ActivePrefillTokens: events.Ptr(uint64(i))} },
-		func(i int) events.Thresholds { return events.Thresholds{ActivePrefillTokensFrac: events.Ptr(float64(i))} },
+		func(i int) events.Thresholds {
+			return events.Thresholds{ActivePrefillTokensFrac: events.Ptr(float64(i))}
+		},
 	}
 	const rounds = 20
 	var wg sync.WaitGroup

@@ -85,6 +85,7 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 	o.writer.Replicas = o.replicas
 	o.writer.Logger = log.With("component", "writer")
 	o.writer.Registerer = reg
+	o.writer.OrphanAfter = o.monitor.GoneAfter
 	if svc.writer, err = busylist.NewWriter(o.writer); err != nil {
 		return nil, err
 	}
