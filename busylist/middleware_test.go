@@ -1,0 +1,232 @@
+package busylist
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/workermon/workermon/events"
+)
+
+// admitTestDecider is a fixed table of decisions; models not in it are
+// unknown.
+type admitTestDecider map[string]Decision
+
+func (d admitTestDecider) Decide(model string) Decision {
+	if dec, ok := d[model]; ok {
+		return dec
+	}
+	return Decision{Admit: true, Reason: ReasonUnknownModel}
+}
+
+// admitTestNext answers 200 "next:" + the body it read.
+var admitTestNext = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	w.WriteHeader(http.StatusOK)
+	_, _ = io.WriteString(w, "next:"+string(body))
+})
+
+var admitTestDecisions = admitTestDecider{
+	"busy":  {Reason: ReasonAllBusy, Busy: []uint64{1}},
+	"free":  {Admit: true, Reason: ReasonFree, Free: []uint64{1}},
+	"stale": {Admit: true, Reason: ReasonStale},
+}
+
+func admitTestServe(t *testing.T, h http.Handler, req *http.Request) *http.Response {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec.Result()
+}
+
+func TestMiddlewareRejects(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name       string
+		opts       []MiddlewareOption
+		status     int
+		retryAfter string
+		body       string
+	}{
+		{"default", nil, 503, "1",
+			`{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","code":503}`},
+		{"429", []MiddlewareOption{WithRejectStatus(429), WithRetryAfter(1500 * time.Millisecond)}, 429, "2",
+			`{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","code":429}`},
+		{"529", []MiddlewareOption{WithRejectStatus(529), WithRetryAfter(time.Millisecond)}, 529, "1",
+			`{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","code":529}`},
+		{"503 retry 30s", []MiddlewareOption{WithRetryAfter(30 * time.Second)}, 503, "30",
+			`{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","code":503}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			m, err := NewMiddleware(admitTestDecisions, c.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := m.Wrap(admitTestNext)
+			req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(`{"prompt":"x"}`))
+			req.Header.Set(DefaultModelHeader, "busy")
+			for range 2 { // the precomputed response serves every rejection
+				resp := admitTestServe(t, h, req)
+				body, _ := io.ReadAll(resp.Body)
+				if resp.StatusCode != c.status {
+					t.Errorf("status %d, want %d", resp.StatusCode, c.status)
+				}
+				if string(body) != c.body {
+					t.Errorf("body %s\nwant %s", body, c.body)
+				}
+				if got := resp.Header.Values("Content-Type"); len(got) != 1 || got[0] != "application/json" {
+					t.Errorf("Content-Type %q", got)
+				}
+				if got := resp.Header.Values("Retry-After"); len(got) != 1 || got[0] != c.retryAfter {
+					t.Errorf("Retry-After %q, want %q", got, c.retryAfter)
+				}
+				if got := resp.Header.Get("Content-Length"); got != strconv.Itoa(len(c.body)) {
+					t.Errorf("Content-Length %q", got)
+				}
+			}
+			if string(RejectBody(c.status)) != c.body {
+				t.Errorf("RejectBody(%d) = %s", c.status, RejectBody(c.status))
+			}
+		})
+	}
+}
+
+func TestMiddlewareAdmits(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	metrics, err := NewAdmissionMetrics(reg, DefaultMaxModelLabels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMiddleware(admitTestDecisions, WithAdmissionMetrics(metrics))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := m.Wrap(admitTestNext)
+	long := `{"messages":[{"role":"user","content":"` + strings.Repeat("é", 5000) + `"}],"model":"busy","stream":true}`
+	for _, c := range []struct {
+		name, header, ctype, body string
+		status                    int
+	}{
+		{"header free", "free", "", `{"model":"busy"}`, 200}, // the header wins over the body
+		{"header unknown", "nope", "", "", 200},
+		{"header stale", "stale", "", "", 200},
+		{"body free", "", "application/json", `{"model":"free","prompt":"hi"}`, 200},
+		{"body busy after a long field", "", "application/json; charset=utf-8", long, 503},
+		{"body busy, no content type", "", "", `{"stream":false,"n":{"a":[1,2]},"model":"busy"}`, 503},
+		{"no model", "", "application/json", `{"prompt":"x"}`, 200},
+		{"not json", "", "text/plain", `{"model":"busy"}`, 200},
+		{"bad json", "", "application/json", `{"model":`, 200},
+		{"model not a string", "", "application/json", `{"model":7}`, 200},
+		{"no body", "", "", "", 200},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var body io.Reader = http.NoBody
+			if c.body != "" {
+				body = strings.NewReader(c.body)
+			}
+			req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", body)
+			if c.header != "" {
+				req.Header.Set(DefaultModelHeader, c.header)
+			}
+			if c.ctype != "" {
+				req.Header.Set("Content-Type", c.ctype)
+			}
+			resp := admitTestServe(t, h, req)
+			got, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != c.status {
+				t.Fatalf("status %d, want %d (%s)", resp.StatusCode, c.status, got)
+			}
+			// The next handler reads the whole body, unchanged.
+			if c.status == 200 && string(got) != "next:"+c.body {
+				t.Errorf("next handler got %q, want %q", got, "next:"+c.body)
+			}
+		})
+	}
+	for outcome, want := range map[string]float64{OutcomeAdmitted: 2, OutcomeUnknownModel: 1,
+		OutcomeStaleOpen: 1, OutcomeRejected: 2, OutcomeNoModel: 5} {
+		if v := watchTestMetric(t, reg, "workermon_router_admissions_total", map[string]string{"outcome": outcome}); v != want {
+			t.Errorf("admissions{outcome=%q} = %v, want %v", outcome, v, want)
+		}
+	}
+	if v := watchTestMetric(t, reg, "workermon_router_requests_rejected_total", map[string]string{"model": "busy"}); v != 2 {
+		t.Errorf("rejected{model=busy} = %v, want 2", v)
+	}
+}
+
+func TestModelFromJSONBodyLimit(t *testing.T) {
+	t.Parallel()
+	f := ModelFromJSONBody(16)
+	body := `{"prompt":"0123456789","model":"m"}`
+	req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
+	if got := f(req); got != "" {
+		t.Errorf("model beyond the limit found: %q", got)
+	}
+	if rest, _ := io.ReadAll(req.Body); string(rest) != body {
+		t.Errorf("body after peek %q", rest)
+	}
+	req = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{"model":"m","prompt":"0123456789"}`))
+	if got := f(req); got != "m" {
+		t.Errorf("model within the limit: %q", got)
+	}
+	h := ModelFromHeader("x-model")
+	req = httptest.NewRequest(http.MethodGet, "/", nil)
+	req.Header.Set("X-Model", "hm")
+	if got := h(req); got != "hm" {
+		t.Errorf("ModelFromHeader = %q", got)
+	}
+}
+
+func TestMiddlewareOptionsInvalid(t *testing.T) {
+	t.Parallel()
+	for name, opts := range map[string][]MiddlewareOption{
+		"status 500":  {WithRejectStatus(500)},
+		"status 200":  {WithRejectStatus(200)},
+		"retry 0":     {WithRetryAfter(0)},
+		"retry < 0":   {WithRetryAfter(-time.Second)},
+		"nil model":   {WithModelFunc(nil)},
+		"two at once": {WithRejectStatus(404), WithRetryAfter(0)},
+	} {
+		if _, err := NewMiddleware(admitTestDecisions, opts...); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("%s: %v, want ErrInvalidOption", name, err)
+		}
+	}
+	if _, err := NewMiddleware(nil); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("nil Decider: %v", err)
+	}
+}
+
+// TestMiddlewareWithWatcher runs the whole router side: a record in the
+// bucket, a Watcher, the Middleware.
+func TestMiddlewareWithWatcher(t *testing.T) {
+	t.Parallel()
+	env := watchTestStart(t)
+	kv := env.bucket(t, events.BusyBucket)
+	w := watchTestNew(t, env.js)
+	watchTestWaitReady(t, w)
+	m, err := NewMiddleware(w, WithModelFunc(ModelFromHeader("X-Model")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := m.Wrap(admitTestNext)
+	status := func() int {
+		req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader("{}"))
+		req.Header.Set("X-Model", "Qwen/Qwen3-0.6B")
+		return admitTestServe(t, h, req).StatusCode
+	}
+	if s := status(); s != 200 {
+		t.Fatalf("unknown model: %d", s)
+	}
+	watchTestPut(t, kv, watchTestSet("Qwen/Qwen3-0.6B", time.Now().UnixNano(), nil, []uint64{1, 2}))
+	watchTestEventually(t, 5*time.Second, "503 once all busy", func() bool { return status() == 503 })
+	watchTestPut(t, kv, watchTestSet("Qwen/Qwen3-0.6B", time.Now().UnixNano(), []uint64{2}, []uint64{1}))
+	watchTestEventually(t, 5*time.Second, "200 once a worker is free", func() bool { return status() == 200 })
+}

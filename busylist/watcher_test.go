@@ -1,0 +1,572 @@
+package busylist
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/natstest"
+)
+
+// watchTestEnv is a real in-process NATS server with a client.
+type watchTestEnv struct {
+	srv  *server.Server
+	opts *server.Options
+	js   jetstream.JetStream
+}
+
+func watchTestStart(t *testing.T) *watchTestEnv {
+	t.Helper()
+	opts := natstest.Options(t)
+	srv := natstest.Start(t, opts)
+	js, err := jetstream.New(natstest.Connect(t, srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &watchTestEnv{srv: srv, opts: opts, js: js}
+}
+
+// restart restarts the server on the same port and store.
+func (e *watchTestEnv) restart(t *testing.T) {
+	t.Helper()
+	e.srv = natstest.Restart(t, e.srv, e.opts)
+}
+
+func (e *watchTestEnv) bucket(t *testing.T, name string) jetstream.KeyValue {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	kv, err := OpenBucket(ctx, e.js, name, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
+
+// watchTestPut puts a busy set, retrying until the server takes it (it may
+// be restarting), and returns its revision.
+func watchTestPut(t *testing.T, kv jetstream.KeyValue, set events.BusySet) uint64 {
+	t.Helper()
+	data, err := events.MarshalBusySet(&set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return watchTestPutRaw(t, kv, events.ModelKey(set.Model), data)
+}
+
+func watchTestPutRaw(t *testing.T, kv jetstream.KeyValue, key string, data []byte) uint64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		rev, err := kv.Put(ctx, key, data)
+		cancel()
+		if err == nil {
+			return rev
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("put %s: %v", key, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// watchTestEventually polls cond until it holds or the deadline passes.
+func watchTestEventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func watchTestWaitReady(t *testing.T, w interface{ WaitReady(context.Context) error }) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := w.WaitReady(ctx); err != nil {
+		t.Fatalf("WaitReady: %v", err)
+	}
+}
+
+func watchTestNew(t *testing.T, js jetstream.JetStream, opts ...WatchOption) *Watcher {
+	t.Helper()
+	w, err := NewWatcher(js, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close() })
+	return w
+}
+
+// watchTestClock is a settable clock.
+type watchTestClock struct{ ns atomic.Int64 }
+
+func newWatchTestClock() *watchTestClock {
+	c := &watchTestClock{}
+	c.ns.Store(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC).UnixNano())
+	return c
+}
+
+func (c *watchTestClock) now() time.Time           { return time.Unix(0, c.ns.Load()) }
+func (c *watchTestClock) add(d time.Duration)      { c.ns.Add(int64(d)) }
+func (c *watchTestClock) at(d time.Duration) int64 { return c.ns.Load() + int64(d) }
+
+// watchTestMetric returns a counter's or gauge's value from g, or -1 when
+// there is no such series.
+func watchTestMetric(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				got[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if got[k] != v {
+					continue metrics
+				}
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return -1
+}
+
+func watchTestSet(model string, now int64, free, busy []uint64) events.BusySet {
+	return events.BusySet{
+		Model:     model,
+		Free:      free,
+		Busy:      busy,
+		AllBusy:   len(free) == 0 && len(busy) > 0,
+		UpdatedAt: now,
+		MonitorID: "test",
+		Epoch:     1,
+	}
+}
+
+func TestWatcherReadyAfterInitialValues(t *testing.T) {
+	t.Parallel()
+	env := watchTestStart(t)
+	kv := env.bucket(t, events.BusyBucket)
+	now := time.Now().UnixNano()
+	models := []string{"Qwen/Qwen3-0.6B", "a b", "x=y"}
+	for _, m := range models {
+		watchTestPut(t, kv, watchTestSet(m, now, []uint64{1}, []uint64{2}))
+	}
+	reg := prometheus.NewRegistry()
+	w := watchTestNew(t, env.js, WithRegisterer(reg))
+	watchTestWaitReady(t, w)
+	// Every initial value is in the first snapshot: no polling here.
+	if !w.Ready() {
+		t.Fatal("Ready false after WaitReady")
+	}
+	for _, m := range models {
+		if d := w.Decide(m); d.Reason != ReasonFree || !d.Admit {
+			t.Errorf("Decide(%q) = %+v, want admitted free", m, d)
+		}
+		if rec, _, ok := w.Record(m); !ok || rec.Model != m {
+			t.Errorf("Record(%q) = %+v, %v", m, rec, ok)
+		}
+	}
+	if got := w.Models(); len(got) != len(models) {
+		t.Errorf("Models() = %v", got)
+	}
+	lbl := map[string]string{"bucket": events.BusyBucket}
+	if v := watchTestMetric(t, reg, "workermon_router_watch_ready", lbl); v != 1 {
+		t.Errorf("ready gauge = %v", v)
+	}
+	if v := watchTestMetric(t, reg, "workermon_router_watch_keys", lbl); v != 3 {
+		t.Errorf("keys gauge = %v", v)
+	}
+}
+
+// TestWatcherManyModels loads and updates more records than a KV watcher's
+// channel holds (256), so that batches are applied and published whole.
+func TestWatcherManyModels(t *testing.T) {
+	t.Parallel()
+	env := watchTestStart(t)
+	kv := env.bucket(t, events.BusyBucket)
+	const n = 600
+	now := time.Now().UnixNano()
+	for i := range n {
+		watchTestPut(t, kv, watchTestSet(fmt.Sprintf("m-%d", i), now, []uint64{1}, nil))
+	}
+	reg := prometheus.NewRegistry()
+	w := watchTestNew(t, env.js, WithRegisterer(reg))
+	// A Registry on the same registerer shares the watch metrics.
+	r := registryTestNew(t, env.js, WithRegisterer(reg))
+	watchTestWaitReady(t, w)
+	watchTestWaitReady(t, r)
+	if got := len(w.Models()); got != n {
+		t.Fatalf("%d models after WaitReady, want %d", got, n)
+	}
+	for i := range n {
+		watchTestPut(t, kv, watchTestSet(fmt.Sprintf("m-%d", i), now, nil, []uint64{1}))
+	}
+	watchTestEventually(t, 10*time.Second, "every model all busy", func() bool {
+		for i := range n {
+			if w.Decide(fmt.Sprintf("m-%d", i)).Reason != ReasonAllBusy {
+				return false
+			}
+		}
+		return true
+	})
+	if v := watchTestMetric(t, reg, "workermon_router_watch_keys", map[string]string{"bucket": events.BusyBucket}); v != n {
+		t.Errorf("keys gauge %v, want %d", v, n)
+	}
+}
+
+func TestWatcherNotReadyWithoutServer(t *testing.T) {
+	t.Parallel()
+	env := watchTestStart(t)
+	env.srv.Shutdown()
+	env.srv.WaitForShutdown()
+	w := watchTestNew(t, env.js)
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	if err := w.WaitReady(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitReady = %v, want deadline exceeded", err)
+	}
+	if d := w.Decide("m"); !d.Admit || d.Reason != ReasonNotReady {
+		t.Fatalf("Decide before ready = %+v", d)
+	}
+	start := time.Now()
+	_ = w.Close()
+	_ = w.Close() // idempotent
+	if el := time.Since(start); el > 8*time.Second {
+		t.Errorf("Close took %v", el)
+	}
+	if err := w.WaitReady(t.Context()); !errors.Is(err, ErrWatcherClosed) {
+		t.Errorf("WaitReady after Close = %v, want ErrWatcherClosed", err)
+	}
+}
+
+func TestWatcherDecisionTable(t *testing.T) {
+	t.Parallel()
+	env := watchTestStart(t)
+	kv := env.bucket(t, events.BusyBucket)
+	clock := newWatchTestClock()
+	open := watchTestNew(t, env.js, WithClock(clock.now))
+	closed := watchTestNew(t, env.js, WithClock(clock.now), WithFailOpen(false))
+	watchTestWaitReady(t, open)
+	watchTestWaitReady(t, closed)
+
+	watchTestPut(t, kv, watchTestSet("free", clock.at(0), []uint64{1, 2}, []uint64{3}))
+	watchTestPut(t, kv, watchTestSet("busy", clock.at(0), nil, []uint64{1, 2}))
+	watchTestPut(t, kv, watchTestSet("only-stale-workers", clock.at(0), nil, nil))
+	watchTestPut(t, kv, watchTestSet("old-updated-at", clock.at(-DefaultStaleListAfter-time.Nanosecond), []uint64{1}, nil))
+	watchTestPut(t, kv, watchTestSet("edge-updated-at", clock.at(-DefaultStaleListAfter), nil, []uint64{1}))
+	// updated_at far ahead: only the receive time can make it stale.
+	watchTestPut(t, kv, watchTestSet("future", clock.at(time.Hour), nil, []uint64{1}))
+	for _, w := range []*Watcher{open, closed} {
+		watchTestEventually(t, 5*time.Second, "all records visible", func() bool { return len(w.Models()) == 6 })
+	}
+
+	type row struct {
+		model      string
+		openAdmit  bool
+		closeAdmit bool
+		reason     Reason
+		free, busy []uint64
+	}
+	check := func(t *testing.T, rows []row) {
+		t.Helper()
+		for _, r := range rows {
+			for _, c := range []struct {
+				w     *Watcher
+				admit bool
+			}{{open, r.openAdmit}, {closed, r.closeAdmit}} {
+				d := c.w.Decide(r.model)
+				if d.Admit != c.admit || d.Reason != r.reason || !watchTestEqualIDs(d.Free, r.free) || !watchTestEqualIDs(d.Busy, r.busy) ||
+					(r.reason == ReasonStale || r.reason == ReasonUnknownModel) && (d.Free != nil || d.Busy != nil) {
+					t.Errorf("failOpen=%v Decide(%q) = %+v, want admit=%v reason=%v free=%v busy=%v",
+						c.w.failOpen, r.model, d, c.admit, r.reason, r.free, r.busy)
+				}
+			}
+		}
+	}
+	t.Run("fresh", func(t *testing.T) {
+		check(t, []row{
+			{"unknown", true, true, ReasonUnknownModel, nil, nil},
+			{"free", true, true, ReasonFree, []uint64{1, 2}, []uint64{3}},
+			{"busy", false, false, ReasonAllBusy, []uint64{}, []uint64{1, 2}},
+			{"only-stale-workers", true, true, ReasonFree, []uint64{}, []uint64{}},
+			{"old-updated-at", true, false, ReasonStale, nil, nil},
+			{"edge-updated-at", false, false, ReasonAllBusy, []uint64{}, []uint64{1}},
+			{"future", false, false, ReasonAllBusy, []uint64{}, []uint64{1}},
+		})
+	})
+	t.Run("received exactly stale-list-after ago", func(t *testing.T) {
+		clock.add(DefaultStaleListAfter)
+		check(t, []row{{"future", false, false, ReasonAllBusy, []uint64{}, []uint64{1}}})
+	})
+	t.Run("received more than stale-list-after ago", func(t *testing.T) {
+		clock.add(time.Nanosecond)
+		check(t, []row{
+			{"future", true, false, ReasonStale, nil, nil},
+			{"free", true, false, ReasonStale, nil, nil},
+			{"busy", true, false, ReasonStale, nil, nil},
+			{"unknown", true, true, ReasonUnknownModel, nil, nil},
+		})
+	})
+}
+
+// equalIDs compares worker lists; nil and empty are equal.
+func watchTestEqualIDs(a, b []uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestWatcherUpdatesAndDeletes(t *testing.T) {
+	t.Parallel()
+	env := watchTestStart(t)
+	kv := env.bucket(t, events.BusyBucket)
+	w := watchTestNew(t, env.js)
+	watchTestWaitReady(t, w)
+	const model = "org/model-1.5"
+	key := events.ModelKey(model)
+	reason := func(want Reason) func() bool {
+		return func() bool { return w.Decide(model).Reason == want }
+	}
+
+	watchTestPut(t, kv, watchTestSet(model, time.Now().UnixNano(), []uint64{7}, nil))
+	watchTestEventually(t, 5*time.Second, "put visible", reason(ReasonFree))
+	watchTestPut(t, kv, watchTestSet(model, time.Now().UnixNano(), nil, []uint64{7}))
+	watchTestEventually(t, 5*time.Second, "all_busy visible", reason(ReasonAllBusy))
+	if err := kv.Delete(t.Context(), key); err != nil {
+		t.Fatal(err)
+	}
+	watchTestEventually(t, 5*time.Second, "delete visible", reason(ReasonUnknownModel))
+	watchTestPut(t, kv, watchTestSet(model, time.Now().UnixNano(), nil, []uint64{7}))
+	watchTestEventually(t, 5*time.Second, "put after delete visible", reason(ReasonAllBusy))
+	if err := kv.Purge(t.Context(), key); err != nil {
+		t.Fatal(err)
+	}
+	watchTestEventually(t, 5*time.Second, "purge visible", reason(ReasonUnknownModel))
+}
+
+func TestWatcherRecoversAfterRestart(t *testing.T) {
+	t.Parallel()
+	env := watchTestStart(t)
+	kv := env.bucket(t, events.BusyBucket)
+	watchTestPut(t, kv, watchTestSet("before", time.Now().UnixNano(), []uint64{1}, nil))
+	reg := prometheus.NewRegistry()
+	w := watchTestNew(t, env.js, WithRegisterer(reg))
+	watchTestWaitReady(t, w)
+
+	env.restart(t)
+	watchTestPut(t, kv, watchTestSet("after", time.Now().UnixNano(), nil, []uint64{1}))
+	// A watcher that is not re-created stalls for 10–20 s here.
+	put := time.Now()
+	watchTestEventually(t, 5*time.Second, "put after restart visible", func() bool {
+		return w.Decide("after").Reason == ReasonAllBusy
+	})
+	t.Logf("put after restart visible after %v", time.Since(put))
+	if d := w.Decide("before"); d.Reason != ReasonFree {
+		t.Errorf("record from before the restart: %+v", d)
+	}
+	lbl := map[string]string{"bucket": events.BusyBucket, "reason": "reconnect"}
+	if v := watchTestMetric(t, reg, "workermon_router_watch_rewatches_total", lbl); v < 1 {
+		t.Errorf("reconnect re-watches = %v, want ≥ 1", v)
+	}
+	// Updates keep flowing on the new watch.
+	watchTestPut(t, kv, watchTestSet("after", time.Now().UnixNano(), []uint64{1}, nil))
+	watchTestEventually(t, 5*time.Second, "second put visible", func() bool {
+		return w.Decide("after").Reason == ReasonFree
+	})
+}
+
+// watchTestNoConn hides the connection, so that the watcher gets no
+// reconnect signal and must notice a stall with its probes.
+type watchTestNoConn struct{ jetstream.JetStream }
+
+func (watchTestNoConn) Conn() *nats.Conn { return nil }
+
+func TestWatcherStallDetectedWithoutReconnectSignal(t *testing.T) {
+	t.Parallel()
+	env := watchTestStart(t)
+	kv := env.bucket(t, events.BusyBucket)
+	reg := prometheus.NewRegistry()
+	w := watchTestNew(t, watchTestNoConn{env.js}, WithRegisterer(reg), WithProbeInterval(100*time.Millisecond))
+	watchTestWaitReady(t, w)
+
+	env.restart(t)
+	watchTestPut(t, kv, watchTestSet("after", time.Now().UnixNano(), nil, []uint64{1}))
+	// A stalled watcher stays silent for 10–20 s; the probes notice sooner.
+	watchTestEventually(t, 5*time.Second, "put after restart visible", func() bool {
+		return w.Decide("after").Reason == ReasonAllBusy
+	})
+	lbl := map[string]string{"bucket": events.BusyBucket, "reason": "stalled"}
+	if v := watchTestMetric(t, reg, "workermon_router_watch_rewatches_total", lbl); v < 1 {
+		t.Errorf("stalled re-watches = %v, want ≥ 1", v)
+	}
+}
+
+func TestWatcherBucketRecreated(t *testing.T) {
+	t.Parallel()
+	env := watchTestStart(t)
+	kv := env.bucket(t, events.BusyBucket)
+	now := time.Now().UnixNano()
+	for range 3 {
+		watchTestPut(t, kv, watchTestSet("old-1", now, []uint64{1}, nil))
+		watchTestPut(t, kv, watchTestSet("old-2", now, []uint64{1}, nil))
+	}
+	reg := prometheus.NewRegistry()
+	w := watchTestNew(t, env.js, WithRegisterer(reg), WithProbeInterval(50*time.Millisecond))
+	watchTestWaitReady(t, w)
+	if len(w.Models()) != 2 {
+		t.Fatalf("models %v", w.Models())
+	}
+
+	if err := env.js.DeleteKeyValue(t.Context(), events.BusyBucket); err != nil {
+		t.Fatal(err)
+	}
+	// The watcher may have recreated the bucket already; OpenBucket takes
+	// either. The new bucket's revisions start again from 1.
+	kv = env.bucket(t, events.BusyBucket)
+	rev := watchTestPut(t, kv, watchTestSet("new", time.Now().UnixNano(), nil, []uint64{1}))
+	if rev >= 6 {
+		t.Fatalf("revision %d did not go backwards", rev)
+	}
+	watchTestEventually(t, 5*time.Second, "new bucket's record visible and old ones gone", func() bool {
+		m := w.Models()
+		return len(m) == 1 && m[0] == "new"
+	})
+	if d := w.Decide("new"); d.Reason != ReasonAllBusy {
+		t.Errorf("Decide(new) = %+v", d)
+	}
+	var n float64
+	for _, reason := range []string{"gone", "recreated"} {
+		n += max(0, watchTestMetric(t, reg, "workermon_router_watch_rewatches_total",
+			map[string]string{"bucket": events.BusyBucket, "reason": reason}))
+	}
+	if n < 1 {
+		t.Errorf("no gone/recreated re-watch counted")
+	}
+	// Live updates flow on the new bucket.
+	watchTestPut(t, kv, watchTestSet("new", time.Now().UnixNano(), []uint64{1}, nil))
+	watchTestEventually(t, 5*time.Second, "update on the new bucket", func() bool {
+		return w.Decide("new").Reason == ReasonFree
+	})
+}
+
+func TestWatcherBadRecords(t *testing.T) {
+	t.Parallel()
+	env := watchTestStart(t)
+	kv := env.bucket(t, events.BusyBucket)
+	reg := prometheus.NewRegistry()
+	w := watchTestNew(t, env.js, WithRegisterer(reg))
+	watchTestWaitReady(t, w)
+	now := time.Now().UnixNano()
+
+	// A good record, then garbage under its key: the model goes.
+	watchTestPut(t, kv, watchTestSet("m", now, []uint64{1}, nil))
+	watchTestEventually(t, 5*time.Second, "good record", func() bool { return w.Decide("m").Reason == ReasonFree })
+	watchTestPutRaw(t, kv, "m", []byte("\xc1 not msgpack"))
+	watchTestEventually(t, 5*time.Second, "garbage removes the model", func() bool {
+		return w.Decide("m").Reason == ReasonUnknownModel
+	})
+
+	mismatch := watchTestSet("other", now, nil, []uint64{1})
+	data, _ := events.MarshalBusySet(&mismatch)
+	watchTestPutRaw(t, kv, "mm", data)
+	bad := watchTestSet("inconsistent", now, []uint64{1}, []uint64{2})
+	bad.AllBusy = true
+	watchTestPut(t, kv, bad)
+	watchTestPutRaw(t, kv, "bad=ZZkey", data)
+	// A good record after the bad ones still gets through.
+	watchTestPut(t, kv, watchTestSet("ok", now, nil, []uint64{3}))
+	watchTestEventually(t, 5*time.Second, "good record after bad ones", func() bool {
+		return w.Decide("ok").Reason == ReasonAllBusy
+	})
+	for _, m := range []string{"mm", "other", "inconsistent"} {
+		if d := w.Decide(m); d.Reason != ReasonUnknownModel {
+			t.Errorf("Decide(%q) = %+v, want unknown", m, d)
+		}
+	}
+	for reason, want := range map[string]float64{"malformed": 1, "mismatch": 1, "inconsistent": 1, "bad_key": 1} {
+		lbl := map[string]string{"bucket": events.BusyBucket, "reason": reason}
+		if v := watchTestMetric(t, reg, "workermon_router_watch_bad_records_total", lbl); v != want {
+			t.Errorf("bad records %s = %v, want %v", reason, v, want)
+		}
+	}
+}
+
+func TestWatchOptionsInvalid(t *testing.T) {
+	t.Parallel()
+	env := watchTestStart(t)
+	for name, opt := range map[string]WatchOption{
+		"stale zero":     WithStaleListAfter(0),
+		"stale negative": WithStaleListAfter(-time.Second),
+		"probe zero":     WithProbeInterval(0),
+		"nil clock":      WithClock(nil),
+		"nil logger":     WithLogger(nil),
+		"replicas 0":     WithBucketReplicas(0),
+		"replicas 6":     WithBucketReplicas(6),
+	} {
+		if _, err := NewWatcher(env.js, opt); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("%s: NewWatcher error %v, want ErrInvalidOption", name, err)
+		}
+	}
+	if _, err := NewWatcher(nil); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("nil JetStream: %v", err)
+	}
+	if _, err := NewRegistry(env.js, WithFailOpen(false)); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("Registry with WithFailOpen: %v", err)
+	}
+}
+
+func TestWatchLagStalled(t *testing.T) {
+	t.Parallel()
+	var g watchLag
+	steps := []struct {
+		lastSeq, lastRev uint64
+		want             bool
+	}{
+		{10, 10, false}, // up to date
+		{12, 10, false}, // behind once
+		{13, 11, false}, // behind, but progressing
+		{13, 11, true},  // behind twice without progress
+		{13, 11, false}, // already re-watched for this last sequence
+		{13, 11, false},
+		{14, 11, false}, // a new message: behind once
+		{14, 11, true},
+		{14, 14, false},
+	}
+	for i, s := range steps {
+		if got := g.stalled(s.lastSeq, s.lastRev); got != s.want {
+			t.Errorf("step %d: stalled(%d, %d) = %v, want %v", i, s.lastSeq, s.lastRev, got, s.want)
+		}
+	}
+}
