@@ -32,7 +32,9 @@ func BucketConfig(name string, replicas int) jetstream.KeyValueConfig {
 		Replicas: max(replicas, 1),
 	}
 	if name == events.WorkersBucket {
+		// Limit markers make an expired key reach watchers as a purge.
 		cfg.TTL = RegistryTTL
+		cfg.LimitMarkerTTL = RegistryTTL
 	}
 	return cfg
 }
