@@ -24,6 +24,8 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"serve", "run the monitor: load state, busy sets, thresholds API", runServe},
+		{"thresholds", "get, set or unset a model's busy thresholds on a running monitor", runThresholds},
+		{"status", "print each model's busy, free and stale workers and its thresholds", runStatus},
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/workermon/workermon/api"
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/monitor"
@@ -118,7 +119,25 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 		svc.subs = append(svc.subs, sub)
 	}
 
+	scfg := busylist.DefaultThresholdStoreConfig()
+	scfg.JetStream, scfg.Replicas = js, o.replicas
+	store, err := busylist.NewThresholdStore(scfg)
+	if err != nil {
+		return nil, err
+	}
+	acfg := api.DefaultConfig()
+	acfg.Monitor, acfg.Store, acfg.RecordModels = svc.mon, store, svc.writer.Models
+	acfg.Defaults, acfg.AdminToken = o.monitor.Defaults, o.adminToken
+	acfg.Logger = log.With("component", "api")
+	apiHandler, err := api.New(acfg)
+	if err != nil {
+		return nil, err
+	}
+
 	mux := http.NewServeMux()
+	for _, path := range api.Paths {
+		mux.Handle(path, apiHandler)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", svc.ready)
