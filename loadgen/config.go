@@ -1,0 +1,254 @@
+package loadgen
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// API is the OpenAI endpoint the generator calls.
+type API string
+
+// APIs.
+const (
+	// APICompletions posts to /v1/completions with a string prompt.
+	APICompletions API = "completions"
+	// APIChat posts to /v1/chat/completions with one user message.
+	APIChat API = "chat"
+)
+
+// Profile is the shape of the request rate over time.
+type Profile string
+
+// Profiles.
+const (
+	// ProfileConstant sends Config.RPS requests per second.
+	ProfileConstant Profile = "constant"
+	// ProfileTriangle ramps from Config.MinRPS up to Config.MaxRPS in half a
+	// Config.Period and back down in the other half, in cycles.
+	ProfileTriangle Profile = "triangle"
+)
+
+// DefaultTarget is the server the generator calls: the router's default
+// address.
+const DefaultTarget = "http://127.0.0.1:8080"
+
+// DefaultModel is the model of the requests when none is given.
+const DefaultModel = "Qwen/Qwen3-0.6B"
+
+// DefaultRPS is the rate of the constant profile, requests per second.
+const DefaultRPS = 10
+
+// DefaultMinRPS and DefaultMaxRPS bound the triangle profile.
+const (
+	DefaultMinRPS = 1
+	DefaultMaxRPS = 50
+)
+
+// DefaultPeriod is the length of one cycle of the triangle profile.
+const DefaultPeriod = time.Minute
+
+// DefaultConcurrency caps the requests in flight.
+const DefaultConcurrency = 512
+
+// DefaultPromptTokens is the prompt size, in tokens of four bytes.
+const DefaultPromptTokens = 256
+
+// DefaultMaxTokens is the max_tokens of every request.
+const DefaultMaxTokens = 64
+
+// DefaultTimeout bounds one request, answer included.
+const DefaultTimeout = time.Minute
+
+// DefaultCancelFraction is the fraction of requests the client cancels
+// mid-way.
+const DefaultCancelFraction = 0.02
+
+// DefaultCancelAfter bounds the random delay after which a non-streamed
+// request chosen for cancellation is cancelled.
+const DefaultCancelAfter = 500 * time.Millisecond
+
+// DefaultWindow is the span of the recent statistics.
+const DefaultWindow = 10 * time.Second
+
+// minWindow is the shortest Window accepted: one millisecond per slot.
+const minWindow = windowSlots * time.Millisecond
+
+// Config configures a Generator.
+type Config struct {
+	// Target is the base URL of the OpenAI-compatible server, without /v1.
+	Target string
+	// Models are the models of the requests, taken in turn.
+	Models []string
+	// API is the endpoint called.
+	API API
+	// Stream asks for streamed answers (server-sent events).
+	Stream bool
+
+	// Profile is the shape of the request rate.
+	Profile Profile
+	// RPS is the rate of ProfileConstant, requests per second.
+	RPS float64
+	// MinRPS and MaxRPS bound ProfileTriangle.
+	MinRPS, MaxRPS float64
+	// Period is one cycle of ProfileTriangle.
+	Period time.Duration
+
+	// Concurrency caps the requests in flight. The load is open-loop: a
+	// request due while the cap is reached is not sent and counts as
+	// dropped, so a slow server does not slow the rate down.
+	Concurrency int
+	// PromptTokens is the prompt size in tokens of four bytes (the
+	// simulated engine's count).
+	PromptTokens int
+	// MaxTokens is the max_tokens of every request.
+	MaxTokens int
+	// Timeout bounds one request, answer included; a request that takes
+	// longer counts as an error.
+	Timeout time.Duration
+
+	// CancelFraction is the fraction of requests, in [0, 1], that the
+	// client cancels mid-way: a streamed one after half its max_tokens
+	// chunks, a non-streamed one after a random delay up to CancelAfter. A
+	// request that ends before its cancellation counts by its outcome.
+	CancelFraction float64
+	// CancelAfter bounds the delay of a non-streamed cancellation.
+	CancelAfter time.Duration
+
+	// Window is the span of Stats.Window.
+	Window time.Duration
+
+	// Transport carries the requests; nil means a transport of the
+	// generator's own, sized for Concurrency.
+	Transport http.RoundTripper
+}
+
+// DefaultConfig returns streamed completions of DefaultModel to
+// DefaultTarget at a constant DefaultRPS, with the other Default*
+// constants; a triangle profile gets DefaultMinRPS, DefaultMaxRPS and
+// DefaultPeriod.
+func DefaultConfig() Config {
+	return Config{
+		Target:         DefaultTarget,
+		Models:         []string{DefaultModel},
+		API:            APICompletions,
+		Stream:         true,
+		Profile:        ProfileConstant,
+		RPS:            DefaultRPS,
+		MinRPS:         DefaultMinRPS,
+		MaxRPS:         DefaultMaxRPS,
+		Period:         DefaultPeriod,
+		Concurrency:    DefaultConcurrency,
+		PromptTokens:   DefaultPromptTokens,
+		MaxTokens:      DefaultMaxTokens,
+		Timeout:        DefaultTimeout,
+		CancelFraction: DefaultCancelFraction,
+		CancelAfter:    DefaultCancelAfter,
+		Window:         DefaultWindow,
+	}
+}
+
+// Validate reports every problem of c, joined; each wraps ErrInvalidConfig.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("loadgen: check %s: %s: %w", field, fmt.Sprintf(format, args...), ErrInvalidConfig))
+	}
+	if err := checkTarget(c.Target); err != nil {
+		bad("Target", "%q: %v", c.Target, err)
+	}
+	if len(c.Models) == 0 {
+		bad("Models", "none")
+	}
+	for i, m := range c.Models {
+		if m == "" {
+			bad("Models", "model %d is empty", i)
+		}
+	}
+	if c.API != APICompletions && c.API != APIChat {
+		bad("API", "%q is neither %q nor %q", c.API, APICompletions, APIChat)
+	}
+	switch c.Profile {
+	case ProfileConstant:
+		if !positive(c.RPS) {
+			bad("RPS", "%v is not a positive number", c.RPS)
+		}
+	case ProfileTriangle:
+		if !(c.MinRPS >= 0) || math.IsInf(c.MinRPS, 0) {
+			bad("MinRPS", "%v is not a number at least 0", c.MinRPS)
+		}
+		if !positive(c.MaxRPS) || c.MaxRPS < c.MinRPS {
+			bad("MaxRPS", "%v is not a positive number at least MinRPS", c.MaxRPS)
+		}
+		if c.Period <= 0 {
+			bad("Period", "%v is not positive", c.Period)
+		}
+	default:
+		bad("Profile", "%q is neither %q nor %q", c.Profile, ProfileConstant, ProfileTriangle)
+	}
+	if c.Concurrency < 1 {
+		bad("Concurrency", "%d is below 1", c.Concurrency)
+	}
+	if c.PromptTokens < 1 {
+		bad("PromptTokens", "%d is below 1", c.PromptTokens)
+	}
+	if c.MaxTokens < 1 {
+		bad("MaxTokens", "%d is below 1", c.MaxTokens)
+	}
+	if c.Timeout <= 0 {
+		bad("Timeout", "%v is not positive", c.Timeout)
+	}
+	if !(c.CancelFraction >= 0 && c.CancelFraction <= 1) {
+		bad("CancelFraction", "%v is not in [0, 1]", c.CancelFraction)
+	}
+	if c.CancelAfter <= 0 {
+		bad("CancelAfter", "%v is not positive", c.CancelAfter)
+	}
+	if c.Window < minWindow {
+		bad("Window", "%v is shorter than %v", c.Window, minWindow)
+	}
+	return errors.Join(errs...)
+}
+
+// positive reports whether v is a positive finite number.
+func positive(v float64) bool { return v > 0 && !math.IsInf(v, 0) }
+
+// checkTarget accepts an http or https base URL without /v1, query or
+// fragment.
+func checkTarget(target string) error {
+	u, err := url.Parse(target)
+	switch {
+	case err != nil:
+		return err
+	case u.Scheme != "http" && u.Scheme != "https":
+		return errors.New("not an http or https URL")
+	case u.Host == "":
+		return errors.New("no host")
+	case u.RawQuery != "" || u.Fragment != "":
+		return errors.New("has a query or fragment")
+	case strings.HasSuffix(strings.TrimRight(u.Path, "/"), "/v1"):
+		return errors.New("give the base URL, without /v1")
+	}
+	return nil
+}
+
+// RateAt returns the target rate, in requests per second, at elapsed time
+// since the start of the run.
+func (c Config) RateAt(elapsed time.Duration) float64 {
+	if c.Profile != ProfileTriangle {
+		return c.RPS
+	}
+	if c.Period <= 0 || elapsed < 0 {
+		return c.MinRPS
+	}
+	phase := float64(elapsed%c.Period) / float64(c.Period) // [0, 1)
+	x := 2 * phase                                         // up in the first half
+	if phase >= 0.5 {
+		x = 2 - 2*phase // down in the second
+	}
+	return c.MinRPS + (c.MaxRPS-c.MinRPS)*x
+}

@@ -1,0 +1,173 @@
+// Package loadgen sends load to an OpenAI-compatible server — the workermon
+// router, or an engine — and counts what comes back.
+//
+// The load is open-loop: requests start on the schedule of the rate profile
+// (constant, or a triangle wave between two rates) whatever the server does,
+// up to a cap on the requests in flight. A fraction of them is cancelled by
+// the client mid-way, to exercise cancellation along the path. Answers are
+// counted by outcome (200, 503, other statuses, errors, cancellations) in
+// total and over a sliding window, with latency percentiles of the
+// successful ones.
+//
+//	g, err := loadgen.New(cfg, logger)
+//	...
+//	go func() { _ = g.Run(ctx) }() // until ctx ends
+//	...
+//	s := g.Stats()
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Sentinel errors.
+var (
+	// ErrInvalidConfig: a Config field is missing, out of range, or
+	// conflicts with another.
+	ErrInvalidConfig = errors.New("invalid configuration")
+	// ErrAlreadyRun: Run was called a second time.
+	ErrAlreadyRun = errors.New("generator already run")
+
+	// Internal: how a request ended early, for the counts.
+	errClientCancel = errors.New("loadgen: cancelled by the client")
+	errStreamError  = errors.New("loadgen: error event in the stream")
+	errIncomplete   = errors.New("loadgen: stream ended without [DONE]")
+)
+
+// schedulerTick is how often the scheduler starts the requests that have
+// fallen due.
+const schedulerTick = 10 * time.Millisecond
+
+// maxBurstSeconds caps the requests the scheduler catches up on after a
+// stall, in seconds of the current rate.
+const maxBurstSeconds = 1.0
+
+// Generator sends requests to one server on a rate profile. Stats is safe
+// for concurrent use with Run.
+type Generator struct {
+	cfg       Config
+	log       *slog.Logger
+	client    *http.Client
+	transport *http.Transport // nil when the Config gives the transport
+	url       string
+	bodies    [][]byte // one request body per model
+
+	sem     chan struct{} // one token per request in flight
+	next    atomic.Uint64 // the next model, in turn
+	started atomic.Bool
+	rec     *recorder
+}
+
+// New returns a Generator of cfg. logger may be nil.
+func New(cfg Config, logger *slog.Logger) (*Generator, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	g := &Generator{
+		cfg: cfg,
+		log: logger,
+		sem: make(chan struct{}, cfg.Concurrency),
+		rec: newRecorder(cfg.Window),
+	}
+	rt := cfg.Transport
+	if rt == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns = cfg.Concurrency
+		t.MaxIdleConnsPerHost = cfg.Concurrency
+		g.transport, rt = t, t
+	}
+	g.client = &http.Client{Transport: rt}
+	path := "/v1/completions"
+	if cfg.API == APIChat {
+		path = "/v1/chat/completions"
+	}
+	g.url = strings.TrimRight(cfg.Target, "/") + path
+	prompt := makePrompt(cfg.PromptTokens)
+	for _, m := range cfg.Models {
+		body, err := requestBody(cfg, m, prompt)
+		if err != nil {
+			return nil, fmt.Errorf("loadgen: encode request of model %q: %w", m, err)
+		}
+		g.bodies = append(g.bodies, body)
+	}
+	return g, nil
+}
+
+// Run sends requests until ctx ends, then cancels those in flight (counted
+// as aborted), waits for them and returns nil. It may be called once; a
+// second call fails with ErrAlreadyRun.
+func (g *Generator) Run(ctx context.Context) error {
+	if !g.started.CompareAndSwap(false, true) {
+		return fmt.Errorf("loadgen: run: %w", ErrAlreadyRun)
+	}
+	start := time.Now()
+	g.rec.begin(start)
+	g.rec.setTarget(g.cfg.RateAt(0))
+	g.log.Info("loadgen: started", "target", g.url, "profile", g.cfg.Profile)
+
+	var wg sync.WaitGroup
+	defer func() {
+		wg.Wait()
+		if g.transport != nil {
+			g.transport.CloseIdleConnections()
+		}
+		g.rec.finish(time.Now())
+		g.log.Info("loadgen: stopped")
+	}()
+
+	tick := time.NewTicker(schedulerTick)
+	defer tick.Stop()
+	last, credit := start, 0.0
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-tick.C:
+			if ctx.Err() != nil {
+				// select picks at random among ready cases: never start a
+				// request once the run is over.
+				return nil
+			}
+			rate := g.cfg.RateAt(now.Sub(start))
+			g.rec.setTarget(rate)
+			credit = min(credit+rate*now.Sub(last).Seconds(), max(1, rate*maxBurstSeconds))
+			last = now
+			for ; credit >= 1; credit-- {
+				g.launch(ctx, now, &wg)
+			}
+		}
+	}
+}
+
+// Stats returns a snapshot of the counters.
+func (g *Generator) Stats() Stats { return g.rec.stats(time.Now()) }
+
+// launch starts one request, or counts it dropped when the cap is reached.
+func (g *Generator) launch(ctx context.Context, now time.Time, wg *sync.WaitGroup) {
+	select {
+	case g.sem <- struct{}{}:
+	default:
+		g.rec.dropped(now)
+		return
+	}
+	g.rec.sent(now)
+	body := g.bodies[int((g.next.Add(1)-1)%uint64(len(g.bodies)))]
+	wg.Go(func() {
+		defer func() { <-g.sem }()
+		start := time.Now()
+		o, status := g.do(ctx, body)
+		end := time.Now()
+		g.rec.done(end, o, status, end.Sub(start))
+	})
+}

@@ -1,0 +1,325 @@
+package loadgen
+
+import (
+	"maps"
+	"math"
+	"sync"
+	"time"
+)
+
+// windowSlots is the number of slots the window is kept in; the window
+// moves one slot at a time.
+const windowSlots = 10
+
+// Latency histogram: bucket 0 holds everything up to histMin, bucket i the
+// latencies up to histMin×histGrowth^i; the last bucket holds the rest. A
+// percentile is its bucket's upper bound (at most 5% high), never above the
+// largest latency seen.
+const (
+	histMin     = 100 * time.Microsecond
+	histGrowth  = 1.05
+	histBuckets = 340 // up to about 1,500 s
+)
+
+// Stats is a snapshot of a Generator's counters.
+type Stats struct {
+	// Elapsed is the time since Run started (until it returned, once it
+	// has).
+	Elapsed time.Duration
+	// TargetRPS is the rate the profile asks for now.
+	TargetRPS float64
+	// InFlight is the number of requests waiting for their answer.
+	InFlight int
+	// Total counts everything since Run started.
+	Total Counts
+	// Window counts the last Config.Window (the span moves in tenths of it).
+	Window Counts
+	// Statuses counts every HTTP status received since Run started.
+	Statuses map[int]uint64
+}
+
+// Counts are the outcomes of the requests of a span of time. Requests are
+// counted as sent when they start and by outcome when they end.
+type Counts struct {
+	// Duration is the span covered.
+	Duration time.Duration
+	// Sent is the number of requests started.
+	Sent uint64
+	// OK is the number of 200 answers received in full.
+	OK uint64
+	// Unavailable is the number of 503 answers (the router's rejection).
+	Unavailable uint64
+	// OtherStatus is the number of answers with any other status.
+	OtherStatus uint64
+	// Errors is the number of requests that failed: transport errors,
+	// timeouts, streams cut before [DONE] or carrying an error event.
+	Errors uint64
+	// Cancelled is the number of requests the client cancelled on purpose
+	// (Config.CancelFraction).
+	Cancelled uint64
+	// Dropped is the number of requests not sent because Config.Concurrency
+	// requests were in flight.
+	Dropped uint64
+	// Aborted is the number of requests cut off because Run ended.
+	Aborted uint64
+	// Latency is the time to the end of the answer of the OK requests.
+	Latency Latency
+}
+
+// RPS returns the rate of requests sent over the span.
+func (c Counts) RPS() float64 {
+	if c.Duration <= 0 {
+		return 0
+	}
+	return float64(c.Sent) / c.Duration.Seconds()
+}
+
+// Latency summarizes the latencies of a span.
+type Latency struct {
+	Count         uint64
+	P50, P90, P99 time.Duration
+	Max           time.Duration
+}
+
+// outcome is how a request ended.
+type outcome uint8
+
+const (
+	outOK outcome = iota
+	outUnavailable
+	outOther
+	outError
+	outCancelled
+	outAborted
+)
+
+// counters are the counts of a span, without latencies.
+type counters struct {
+	sent, ok, unavailable, other, errors, cancelled, dropped, aborted uint64
+}
+
+func (c *counters) add(o counters) {
+	c.sent += o.sent
+	c.ok += o.ok
+	c.unavailable += o.unavailable
+	c.other += o.other
+	c.errors += o.errors
+	c.cancelled += o.cancelled
+	c.dropped += o.dropped
+	c.aborted += o.aborted
+}
+
+func (c *counters) count(o outcome) {
+	switch o {
+	case outOK:
+		c.ok++
+	case outUnavailable:
+		c.unavailable++
+	case outOther:
+		c.other++
+	case outError:
+		c.errors++
+	case outCancelled:
+		c.cancelled++
+	case outAborted:
+		c.aborted++
+	}
+}
+
+// histogram counts latencies in log-spaced buckets.
+type histogram struct {
+	buckets [histBuckets]uint64
+	n       uint64
+	max     time.Duration
+}
+
+var logGrowth = math.Log(histGrowth)
+
+func (h *histogram) add(d time.Duration) {
+	i := 0
+	if d > histMin {
+		i = min(histBuckets-1, int(math.Ceil(math.Log(float64(d)/float64(histMin))/logGrowth)))
+	}
+	h.buckets[i]++
+	h.n++
+	h.max = max(h.max, d)
+}
+
+func (h *histogram) merge(o *histogram) {
+	for i, c := range o.buckets {
+		h.buckets[i] += c
+	}
+	h.n += o.n
+	h.max = max(h.max, o.max)
+}
+
+// quantile returns the latency below which a fraction q of them lie.
+func (h *histogram) quantile(q float64) time.Duration {
+	if h.n == 0 {
+		return 0
+	}
+	rank := uint64(math.Ceil(q * float64(h.n)))
+	var cum uint64
+	for i, c := range h.buckets {
+		cum += c
+		if cum >= rank {
+			if i == histBuckets-1 {
+				return h.max // the last bucket has no upper bound
+			}
+			upper := time.Duration(float64(histMin) * math.Pow(histGrowth, float64(i)))
+			return min(upper, h.max)
+		}
+	}
+	return h.max
+}
+
+func (h *histogram) summary() Latency {
+	return Latency{Count: h.n, P50: h.quantile(0.5), P90: h.quantile(0.9), P99: h.quantile(0.99), Max: h.max}
+}
+
+// slot is one tenth of the window.
+type slot struct {
+	epoch int64 // index of the slot since the start; -1 when unused
+	c     counters
+	h     histogram
+}
+
+// recorder keeps the counts of a run. Its methods are safe for concurrent
+// use.
+type recorder struct {
+	window  time.Duration
+	slotDur time.Duration
+
+	mu       sync.Mutex
+	start    time.Time // zero before Run
+	end      time.Time // zero while running
+	target   float64
+	inFlight int
+	total    counters
+	hist     histogram
+	statuses map[int]uint64
+	slots    [windowSlots]slot
+}
+
+func newRecorder(window time.Duration) *recorder {
+	r := &recorder{window: window, slotDur: window / windowSlots, statuses: map[int]uint64{}}
+	for i := range r.slots {
+		r.slots[i].epoch = -1
+	}
+	return r
+}
+
+// begin marks the start of the run.
+func (r *recorder) begin(now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.start = now
+}
+
+// finish marks the end of the run.
+func (r *recorder) finish(now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.end = now
+}
+
+// slotAt returns the slot of now, emptied if it held an older span. r.mu is
+// held.
+func (r *recorder) slotAt(now time.Time) *slot {
+	e := int64(max(0, now.Sub(r.start)) / r.slotDur)
+	s := &r.slots[e%windowSlots]
+	if s.epoch != e {
+		*s = slot{epoch: e}
+	}
+	return s
+}
+
+func (r *recorder) setTarget(rps float64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.target = rps
+}
+
+// sent counts a request started at now.
+func (r *recorder) sent(now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.inFlight++
+	r.total.sent++
+	r.slotAt(now).c.sent++
+}
+
+// dropped counts a request not sent at now.
+func (r *recorder) dropped(now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.total.dropped++
+	r.slotAt(now).c.dropped++
+}
+
+// done counts a request that ended at now with o, status (0 without an
+// answer) and, for outOK, its latency.
+func (r *recorder) done(now time.Time, o outcome, status int, latency time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.inFlight--
+	r.total.count(o)
+	s := r.slotAt(now)
+	s.c.count(o)
+	if status != 0 {
+		r.statuses[status]++
+	}
+	if o == outOK {
+		r.hist.add(latency)
+		s.h.add(latency)
+	}
+}
+
+// stats returns a snapshot at now.
+func (r *recorder) stats(now time.Time) Stats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.start.IsZero() {
+		return Stats{Statuses: map[int]uint64{}}
+	}
+	if !r.end.IsZero() {
+		now = r.end
+	}
+	elapsed := max(0, now.Sub(r.start))
+	st := Stats{
+		Elapsed:   elapsed,
+		TargetRPS: r.target,
+		InFlight:  r.inFlight,
+		Total:     r.total.counts(elapsed, &r.hist),
+		Statuses:  maps.Clone(r.statuses),
+	}
+	cur := int64(elapsed / r.slotDur)
+	first := max(0, cur-windowSlots+1)
+	var c counters
+	var h histogram
+	for i := range r.slots {
+		s := &r.slots[i]
+		if s.epoch >= first && s.epoch <= cur {
+			c.add(s.c)
+			h.merge(&s.h)
+		}
+	}
+	st.Window = c.counts(elapsed-time.Duration(first)*r.slotDur, &h)
+	return st
+}
+
+// counts returns c with h's latencies over a span of d.
+func (c counters) counts(d time.Duration, h *histogram) Counts {
+	return Counts{
+		Duration:    d,
+		Sent:        c.sent,
+		OK:          c.ok,
+		Unavailable: c.unavailable,
+		OtherStatus: c.other,
+		Errors:      c.errors,
+		Cancelled:   c.cancelled,
+		Dropped:     c.dropped,
+		Aborted:     c.aborted,
+		Latency:     h.summary(),
+	}
+}

@@ -1,0 +1,170 @@
+// Package sim simulates a fleet of LLM inference engines for demos and
+// tests: each Worker serves an OpenAI-compatible HTTP API for one model,
+// schedules its requests on R data-parallel ranks with a finite KV cache and
+// batch budget, and publishes every rank's load through the publisher
+// package, registering its endpoint for the routers, as a real engine would.
+//
+// # The load model
+//
+// A request is assigned, when it arrives, to the least loaded rank (the
+// smallest fraction of KV blocks reserved or wanted by its queue). Its prompt
+// counts len(prompt)/4+1 tokens (for chat: the messages as "role: content\n"
+// lines). The rank admits requests first come, first served while two budgets
+// hold:
+//
+//   - KV cache: a request reserves ceil((prompt_tokens+max_tokens)/block_size)
+//     blocks for its whole life, so the simulated scheduler never has to
+//     preempt; a request that does not fit waits in the rank's queue;
+//   - batch: the prompt tokens in prefill at once stay within
+//     max_num_batched_tokens (one larger prompt may still prefill alone).
+//
+// An admitted request prefills for prompt_tokens/PrefillSpeed seconds, then
+// decodes one token every 1/DecodeSpeed seconds until it has max_tokens
+// (the simulation never stops early). The reported load of a rank is:
+//
+//   - active_decode_blocks: the blocks actually filled,
+//     ceil((prompt_tokens+generated)/block_size) summed over its admitted
+//     requests (below what they reserve);
+//   - active_prefill_tokens: the prompt tokens of its requests still waiting
+//     for or in prefill, queued ones included, so that an overloaded rank
+//     shows a growing prefill backlog;
+//   - kv_total_blocks and max_num_batched_tokens: its capacities.
+//
+// One goroutine per Worker owns the scheduler: it advances every request each
+// EngineConfig.Tick while there is work, and at once on every arrival and
+// cancellation. A client that goes away cancels its request, which frees its
+// blocks and prefill tokens at once.
+//
+// # Generated text
+//
+// Token i of a sequence is the word "tok<i>" (" tok<i>" with a leading
+// space, except at the start of a chat answer). A prompt whose last word is
+// "tok<n>" continues the sequence at tok<n+1>, so a completion cut short and
+// continued elsewhere with the text so far (as the router's migration does)
+// produces exactly the text one worker would have.
+//
+// # Faults
+//
+// Worker.Kill simulates a crash: the HTTP server and the NATS connection are
+// closed without a goodbye, and the registry entry is left to expire.
+// Worker.Mute simulates an engine cut off from NATS that still serves: its
+// connection is closed (again without a goodbye) while HTTP keeps working,
+// and Worker.Unmute comes back as a restarted publisher (a new boot id).
+// Worker.Close is the graceful way out: goodbye, drain, stop. Uneven ranks
+// come from EngineConfig.CapacitySkew and EngineConfig.SpeedSkew.
+package sim
+
+import (
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// Sentinel errors. Configuration problems wrap ErrInvalidConfig; errors of
+// NATS and the publisher are wrapped as they come.
+var (
+	// ErrInvalidConfig: a Config field is missing, out of range, or conflicts
+	// with another.
+	ErrInvalidConfig = errors.New("invalid configuration")
+	// ErrClosed: the Worker was killed or closed.
+	ErrClosed = errors.New("worker closed")
+)
+
+// DefaultModel is the model a simulated worker serves when none is given.
+const DefaultModel = "Qwen/Qwen3-0.6B"
+
+// DefaultAddr is the listen address of a Worker: a random loopback port.
+const DefaultAddr = "127.0.0.1:0"
+
+// DefaultHost is the host the workers of a Fleet listen on.
+const DefaultHost = "127.0.0.1"
+
+// DefaultWorkers is the number of workers of a Fleet.
+const DefaultWorkers = 2
+
+// DefaultRanks is the number of data-parallel ranks of each worker.
+const DefaultRanks = 2
+
+// DefaultBaseWorkerID is the id of a Fleet's first worker; the others follow.
+const DefaultBaseWorkerID = 1
+
+// DefaultKVBlocks is the number of KV-cache blocks of each rank.
+const DefaultKVBlocks = 256
+
+// DefaultBlockSize is the number of tokens per KV-cache block.
+const DefaultBlockSize = 16
+
+// DefaultMaxNumBatchedTokens is the prompt-token budget of one rank's
+// prefill batch.
+const DefaultMaxNumBatchedTokens = 2048
+
+// DefaultPrefillSpeed is how many prompt tokens per second one request
+// prefills.
+const DefaultPrefillSpeed = 4000
+
+// DefaultDecodeSpeed is how many tokens per second one request generates.
+const DefaultDecodeSpeed = 50
+
+// DefaultTick is how often the engine advances its requests while it has
+// work.
+const DefaultTick = 10 * time.Millisecond
+
+// DefaultMaxTokens is the max_tokens of a request that gives none.
+const DefaultMaxTokens = 64
+
+// DefaultMaxBodyBytes bounds the body of a request.
+const DefaultMaxBodyBytes = 1 << 20
+
+// DefaultReconnectWait is the pause between reconnect rounds of a worker's
+// NATS connection: short, so that a restarted server is found again at once.
+const DefaultReconnectWait = 250 * time.Millisecond
+
+// DefaultCloseTimeout bounds Close (drain included) when its context has no
+// earlier deadline.
+const DefaultCloseTimeout = 10 * time.Second
+
+// MaxWorkers is the largest Fleet accepted.
+const MaxWorkers = 1024
+
+// MaxRanks is the most ranks one Worker declares; each rank is simulated, so
+// the bound is far below the publisher's.
+const MaxRanks = 1024
+
+// State is where a Worker is in its life.
+type State int32
+
+// States of a Worker.
+const (
+	// StateRunning: serving HTTP and reporting its load.
+	StateRunning State = iota + 1
+	// StateMuted: serving HTTP, but its NATS connection is closed.
+	StateMuted
+	// StateKilled: crashed on purpose by Kill.
+	StateKilled
+	// StateClosed: shut down by Close.
+	StateClosed
+)
+
+// String returns "running", "muted", "killed" or "closed".
+func (s State) String() string {
+	switch s {
+	case StateRunning:
+		return "running"
+	case StateMuted:
+		return "muted"
+	case StateKilled:
+		return "killed"
+	case StateClosed:
+		return "closed"
+	}
+	return "unknown"
+}
+
+// discardLogger returns l, or a logger that discards everything when l is
+// nil.
+func discardLogger(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l
+}
