@@ -111,7 +111,7 @@ func (m *Monitor) Workers(ctx context.Context, model string) ([]WorkerRow, error
 			for _, id := range slices.Sorted(maps.Keys(md.workers)) {
 				w := md.workers[id]
 				row := WorkerRow{Model: md.name, WorkerID: id, State: w.class.String(), Reason: w.reason.String(),
-					Sources: slices.Sorted(maps.Keys(w.sources)), Ranks: []uint32{}}
+					Sources: append([]string{}, slices.Sorted(maps.Keys(w.sources))...), Ranks: []uint32{}}
 				if w.left {
 					row.State = "left"
 					row.AgeSeconds = now.Sub(w.leftAt).Seconds()

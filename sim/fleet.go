@@ -32,6 +32,11 @@ type FleetConfig struct {
 	// BasePort is the port of the first worker; worker i listens on
 	// BasePort+i. 0 picks a free port for each.
 	BasePort int
+	// AdvertiseHost, when set, is the host in the endpoints the workers
+	// register (http://AdvertiseHost:BasePort+i), for workers that listen
+	// on an address routers cannot use, like 0.0.0.0 in a container. It
+	// needs a BasePort.
+	AdvertiseHost string
 	// Engine is the capacity and speed of every worker's ranks.
 	Engine EngineConfig
 	// Publish is how every worker reports its load.
@@ -77,6 +82,9 @@ func (c FleetConfig) Validate() error {
 	if c.Host == "" {
 		bad("Host", "empty")
 	}
+	if c.AdvertiseHost != "" && c.BasePort == 0 {
+		bad("AdvertiseHost", "needs a fixed BasePort")
+	}
 	if c.BasePort < 0 || c.BasePort > 0 && c.BasePort+c.Workers-1 > math.MaxUint16 {
 		bad("BasePort", "%d is not 0 or a port leaving room for %d workers", c.BasePort, c.Workers)
 	}
@@ -94,11 +102,16 @@ func (c FleetConfig) WorkerConfig(i int) WorkerConfig {
 	if c.BasePort > 0 {
 		port = c.BasePort + i
 	}
+	endpoint := ""
+	if c.AdvertiseHost != "" {
+		endpoint = "http://" + net.JoinHostPort(c.AdvertiseHost, strconv.Itoa(port))
+	}
 	return WorkerConfig{
 		Model:    c.Model,
 		WorkerID: c.BaseWorkerID + uint64(i),
 		Ranks:    c.Ranks,
 		Addr:     net.JoinHostPort(c.Host, strconv.Itoa(port)),
+		Endpoint: endpoint,
 		Engine:   c.Engine,
 		Publish:  c.Publish,
 		NATS:     c.NATS,

@@ -24,8 +24,11 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"serve", "run the monitor: load state, busy sets, thresholds API", runServe},
+		{"router", "run the gateway: admit, reject and route OpenAI-compatible requests", runRouter},
 		{"thresholds", "get, set or unset a model's busy thresholds on a running monitor", runThresholds},
 		{"status", "print each model's busy, free and stale workers and its thresholds", runStatus},
+		{"sim", "run a simulated engine fleet that publishes its load and serves OpenAI-compatible requests", runSim},
+		{"healthcheck", "GET a health URL and fail unless it answers 2xx (for container HEALTHCHECKs)", runHealthcheck},
 	}
 }
 

@@ -1,0 +1,288 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/workermon/workermon/busylist"
+	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/natsconn"
+	"github.com/workermon/workermon/router"
+)
+
+// Defaults of `workermon router` that are not defaults of a package.
+const (
+	// DefaultRouterHTTPAddr is where the router listens (contract §9).
+	DefaultRouterHTTPAddr = "127.0.0.1:8080"
+	// routerReadHeaderTimeout bounds the reading of a client's request
+	// headers.
+	routerReadHeaderTimeout = 10 * time.Second
+	// routerIdleTimeout is how long an idle client connection is kept.
+	routerIdleTimeout = 2 * time.Minute
+)
+
+// routerOptions is everything `workermon router` can be told.
+type routerOptions struct {
+	natsURL        string
+	nats           natsconn.Config
+	httpAddr       string
+	router         router.Config
+	staleListAfter time.Duration
+	failOpen       bool
+	replicas       int
+	log            logOptions
+}
+
+func defaultRouterOptions() routerOptions {
+	host, _ := os.Hostname()
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	o := routerOptions{
+		natsURL:        natsconn.DefaultURL,
+		nats:           natsconn.DefaultConfig(),
+		httpAddr:       DefaultRouterHTTPAddr,
+		router:         router.DefaultConfig(),
+		staleListAfter: busylist.DefaultStaleListAfter,
+		failOpen:       busylist.DefaultFailOpen,
+		replicas:       1,
+		log:            defaultLogOptions(),
+	}
+	o.router.RouterID = host + "-" + hex.EncodeToString(b[:])
+	return o
+}
+
+func (o *routerOptions) flags(fs *flag.FlagSet) {
+	natsFlags(fs, &o.natsURL, &o.nats)
+	fs.StringVar(&o.httpAddr, "http-addr", o.httpAddr, "listen address of the proxy, /v1/models, /metrics, /healthz and /readyz")
+	fs.IntVar(&o.router.RejectStatus, "reject-status", o.router.RejectStatus, "status of a rejection when every worker is busy: 503, 429 or 529")
+	fs.DurationVar(&o.router.RetryAfter, "retry-after", o.router.RetryAfter, "Retry-After of a rejection, rounded up to whole seconds")
+	fs.DurationVar(&o.staleListAfter, "stale-list-after", o.staleListAfter, "a busy-list record not refreshed for this long is stale")
+	fs.BoolVar(&o.failOpen, "fail-open", o.failOpen, "admit requests when the busy list is stale or not loaded yet")
+	fs.IntVar(&o.router.MigrationLimit, "migration-limit", o.router.MigrationLimit,
+		"how many times a cut streamed completion continues on another worker (0: off)")
+	fs.Int64Var(&o.router.MaxBodyBytes, "max-body-bytes", o.router.MaxBodyBytes, "largest request body accepted (413 beyond)")
+	fs.DurationVar(&o.router.UpstreamTimeout, "upstream-timeout", o.router.UpstreamTimeout,
+		"how long to wait for a worker's response headers (a non-streamed completion sends them at its end)")
+	fs.DurationVar(&o.router.ConnectTimeout, "upstream-connect-timeout", o.router.ConnectTimeout,
+		"how long to wait for a connection to a worker before trying another")
+	fs.IntVar(&o.router.MaxRetries, "max-retries", o.router.MaxRetries, "how many other workers to try after one cannot be reached")
+	fs.StringVar(&o.router.RouterID, "router-id", o.router.RouterID, "this router's name in logs and in its NATS client name")
+	fs.IntVar(&o.replicas, "replicas", o.replicas, "replicas of the buckets this router creates when they are missing")
+	o.log.flags(fs)
+}
+
+// resolvedNATS returns the NATS client configuration: the URL defaults to
+// nats://127.0.0.1:4222 when empty (contract §7c).
+func (o routerOptions) resolvedNATS() natsconn.Config {
+	c := o.nats
+	c.URL = o.natsURL
+	if c.URL == "" {
+		c.URL = natsconn.DefaultURL
+	}
+	if c.Name == natsconn.DefaultName {
+		c.Name = "workermon-router"
+		if o.router.RouterID != "" {
+			c.Name += "/" + o.router.RouterID
+		}
+	}
+	return c
+}
+
+// validate checks what can be checked before anything starts.
+func (o routerOptions) validate() error {
+	var errs []error
+	if err := o.resolvedNATS().Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	// The collaborators are wired later; stand-ins let Validate check the
+	// rest.
+	c := o.router
+	c.BusyList, c.Registry = validateStandIn{}, validateStandIn{}
+	if err := c.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if o.staleListAfter <= 0 {
+		errs = append(errs, fmt.Errorf("router: --stale-list-after %v must be positive", o.staleListAfter))
+	}
+	if o.replicas < 1 || o.replicas > 5 {
+		errs = append(errs, fmt.Errorf("router: --replicas %d must be 1 to 5", o.replicas))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return nil
+}
+
+// validateStandIn stands in for the busy list and the registry in validate.
+type validateStandIn struct{}
+
+func (validateStandIn) Decide(string) busylist.Decision       { return busylist.Decision{} }
+func (validateStandIn) Models() []string                      { return nil }
+func (validateStandIn) Ready() bool                           { return false }
+func (validateStandIn) Endpoints(string) []events.WorkerEntry { return nil }
+
+func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o := defaultRouterOptions()
+	fs := flag.NewFlagSet("router", flag.ContinueOnError)
+	o.flags(fs)
+	if err := parseFlags(fs, args, stderr, map[string]string{"NATS_URL": "nats-url"}); err != nil {
+		return err
+	}
+	log, err := o.log.logger(stderr)
+	if err != nil {
+		return err
+	}
+	svc, err := startRouter(o, log, newRegistry())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "workermon router: NATS %s, proxy http://%s\n", svc.natsURL, svc.httpAddr)
+	<-ctx.Done()
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), DefaultShutdownTimeout)
+	defer cancel()
+	return svc.Close(sctx)
+}
+
+// routerService is a running router: the NATS connection, the busy-list and
+// registry watchers, the proxy and its HTTP server.
+type routerService struct {
+	log      *slog.Logger
+	natsURL  string
+	httpAddr string
+
+	nc       *nats.Conn
+	watcher  *busylist.Watcher
+	registry *busylist.Registry
+	router   *router.Router
+	http     *http.Server
+	httpDone chan struct{}
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// startRouter starts the router. It does not wait for NATS: the watchers
+// load their buckets when the server is there, and /readyz says when.
+func startRouter(o routerOptions, log *slog.Logger, reg *prometheus.Registry) (_ *routerService, err error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	svc := &routerService{log: log}
+	defer func() {
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), DefaultShutdownTimeout)
+			defer cancel()
+			_ = svc.Close(cctx)
+		}
+	}()
+	ncfg := o.resolvedNATS()
+	svc.natsURL = ncfg.URL
+	if svc.nc, err = natsconn.Dial(ncfg, log.With("component", "nats")); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(svc.nc)
+	if err != nil {
+		return nil, fmt.Errorf("router: jetstream: %w", err)
+	}
+	common := []busylist.WatchOption{busylist.WithRegisterer(reg), busylist.WithBucketReplicas(o.replicas)}
+	if svc.watcher, err = busylist.NewWatcher(js, append(common,
+		busylist.WithLogger(log.With("component", "busylist")),
+		busylist.WithStaleListAfter(o.staleListAfter),
+		busylist.WithFailOpen(o.failOpen))...); err != nil {
+		return nil, err
+	}
+	if svc.registry, err = busylist.NewRegistry(js, append(common,
+		busylist.WithLogger(log.With("component", "registry")))...); err != nil {
+		return nil, err
+	}
+	cfg := o.router
+	cfg.BusyList, cfg.Registry = svc.watcher, svc.registry
+	cfg.ReadyCheck = func() error {
+		if st := svc.nc.Status(); st != nats.CONNECTED {
+			return fmt.Errorf("NATS not connected: %s", st)
+		}
+		return nil
+	}
+	cfg.Logger = log.With("component", "router")
+	cfg.Registerer = reg
+	if svc.router, err = router.New(cfg); err != nil {
+		return nil, err
+	}
+
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("/", svc.router)
+	if err := svc.serveHTTP(o.httpAddr, mux); err != nil {
+		return nil, err
+	}
+	log.Info("router started", "nats", svc.natsURL, "http", svc.httpAddr, "router_id", cfg.RouterID,
+		"reject_status", cfg.RejectStatus, "stale_list_after", o.staleListAfter, "fail_open", o.failOpen,
+		"migration_limit", cfg.MigrationLimit)
+	return svc, nil
+}
+
+func (svc *routerService) serveHTTP(addr string, h http.Handler) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("router: listen on %s: %w", addr, err)
+	}
+	svc.httpAddr = ln.Addr().String()
+	svc.http = &http.Server{Handler: h, ReadHeaderTimeout: routerReadHeaderTimeout, IdleTimeout: routerIdleTimeout}
+	svc.httpDone = make(chan struct{})
+	go func() {
+		defer close(svc.httpDone)
+		if err := svc.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			svc.log.Error("HTTP server stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+// Close stops in order: the HTTP server (requests in flight may finish until
+// ctx ends, then their connections are closed), the proxy's idle
+// connections, the watchers, the NATS connection. It is idempotent and
+// bounded by ctx.
+func (svc *routerService) Close(ctx context.Context) error {
+	svc.closeOnce.Do(func() {
+		var errs []error
+		if svc.http != nil {
+			if err := svc.http.Shutdown(ctx); err != nil {
+				// Streams still running: cut them.
+				_ = svc.http.Close()
+				errs = append(errs, fmt.Errorf("router: HTTP shutdown: %w", err))
+			}
+			<-svc.httpDone
+		}
+		if svc.router != nil {
+			_ = svc.router.Close()
+		}
+		if svc.watcher != nil {
+			_ = svc.watcher.Close()
+		}
+		if svc.registry != nil {
+			_ = svc.registry.Close()
+		}
+		if svc.nc != nil {
+			svc.nc.Close()
+		}
+		svc.closeErr = errors.Join(errs...)
+	})
+	return svc.closeErr
+}

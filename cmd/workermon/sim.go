@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/workermon/workermon/natsconn"
+	"github.com/workermon/workermon/sim"
+)
+
+// simOptions is everything `workermon sim` can be told.
+type simOptions struct {
+	natsURL      string
+	fleet        sim.FleetConfig
+	capacitySkew string
+	speedSkew    string
+	kill, mute   string
+	log          logOptions
+}
+
+func (o *simOptions) flags(fs *flag.FlagSet) {
+	natsFlags(fs, &o.natsURL, &o.fleet.NATS)
+	f := &o.fleet
+	fs.StringVar(&f.Model, "model", f.Model, "model the workers serve")
+	fs.IntVar(&f.Workers, "workers", f.Workers, "number of workers")
+	var ranks uint = uint(f.Ranks)
+	fs.Func("ranks", fmt.Sprintf("data-parallel ranks per worker (default %d)", ranks), func(s string) error {
+		v, err := strconv.ParseUint(s, 10, 32)
+		f.Ranks = uint32(v)
+		return err
+	})
+	fs.Uint64Var(&f.BaseWorkerID, "worker-id-base", f.BaseWorkerID, "id of the first worker; worker i has id base+i")
+	fs.StringVar(&f.Host, "host", f.Host, "host the workers listen on")
+	fs.IntVar(&f.BasePort, "port-base", f.BasePort, "port of the first worker; worker i listens on base+i (0: random ports)")
+	fs.StringVar(&f.AdvertiseHost, "advertise-host", f.AdvertiseHost, "host in the endpoints registered for routers (needs --port-base)")
+	fs.StringVar(&f.Publish.SubjectPrefix, "subject-prefix", f.Publish.SubjectPrefix, "first subject token(s) of load and goodbye subjects")
+	e := &f.Engine
+	fs.IntVar(&e.KVBlocks, "kv-blocks", e.KVBlocks, "KV-cache blocks per rank")
+	fs.IntVar(&e.BlockSize, "block-size", e.BlockSize, "tokens per KV block")
+	fs.IntVar(&e.MaxNumBatchedTokens, "max-batched-tokens", e.MaxNumBatchedTokens, "prompt tokens a rank prefills at once")
+	fs.Float64Var(&e.PrefillSpeed, "prefill-speed", e.PrefillSpeed, "prompt tokens per second one request prefills")
+	fs.Float64Var(&e.DecodeSpeed, "decode-speed", e.DecodeSpeed, "tokens per second one request generates")
+	fs.StringVar(&o.capacitySkew, "capacity-skew", "", "per-rank factors on capacity, comma-separated (e.g. 1,0.5)")
+	fs.StringVar(&o.speedSkew, "speed-skew", "", "per-rank factors on speed, comma-separated")
+	fs.StringVar(&o.kill, "kill", "", "workers that crash, as id@delay, comma-separated (e.g. 2@30s): no goodbye, HTTP down")
+	fs.StringVar(&o.mute, "mute", "", "workers that stop reporting but keep serving, as id@delay, comma-separated")
+	o.log.flags(fs)
+}
+
+// faults parses "id@delay,id@delay".
+func faults(s string) (map[uint64]time.Duration, error) {
+	out := map[uint64]time.Duration{}
+	for part := range strings.SplitSeq(s, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		idText, delayText, ok := strings.Cut(part, "@")
+		id, err := strconv.ParseUint(idText, 10, 64)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("%w: %q: want worker-id@delay, e.g. 2@30s", errUsage, part)
+		}
+		d, err := time.ParseDuration(delayText)
+		if err != nil || d < 0 {
+			return nil, fmt.Errorf("%w: %q: bad delay", errUsage, part)
+		}
+		out[id] = d
+	}
+	return out, nil
+}
+
+func merged(a, b map[uint64]time.Duration) map[uint64]time.Duration {
+	out := maps.Clone(a)
+	maps.Copy(out, b)
+	return out
+}
+
+func floats(s string) ([]float64, error) {
+	var out []float64
+	for part := range strings.SplitSeq(s, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		v, err := strconv.ParseFloat(part, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %q is not a number", errUsage, part)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o := simOptions{fleet: sim.DefaultFleetConfig(), log: defaultLogOptions()}
+	o.natsURL = natsconn.DefaultURL
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	o.flags(fs)
+	if err := parseFlags(fs, args, stderr, map[string]string{"NATS_URL": "nats-url"}); err != nil {
+		return err
+	}
+	log, err := o.log.logger(stderr)
+	if err != nil {
+		return err
+	}
+	o.fleet.NATS.URL = o.natsURL
+	if o.fleet.Engine.CapacitySkew, err = floats(o.capacitySkew); err != nil {
+		return err
+	}
+	if o.fleet.Engine.SpeedSkew, err = floats(o.speedSkew); err != nil {
+		return err
+	}
+	kills, err := faults(o.kill)
+	if err != nil {
+		return err
+	}
+	mutes, err := faults(o.mute)
+	if err != nil {
+		return err
+	}
+	if err := o.fleet.Validate(); err != nil {
+		return err
+	}
+	for id := range merged(kills, mutes) {
+		if id < o.fleet.BaseWorkerID || id-o.fleet.BaseWorkerID >= uint64(o.fleet.Workers) {
+			return fmt.Errorf("%w: --kill/--mute name worker %d, which is not in the fleet", errUsage, id)
+		}
+	}
+	fleet, err := sim.NewFleet(ctx, o.fleet, log)
+	if err != nil {
+		return err
+	}
+	for _, w := range fleet.Workers() {
+		fmt.Fprintf(stdout, "worker %d of %s: %s (%d ranks)\n", w.ID(), w.Model(), w.Endpoint(), o.fleet.Ranks)
+	}
+	for id, d := range kills {
+		if w := fleet.Worker(id); w != nil {
+			t := time.AfterFunc(d, func() { log.Warn("killing worker (--kill)", "worker_id", id); w.Kill() })
+			defer t.Stop()
+		}
+	}
+	for id, d := range mutes {
+		if w := fleet.Worker(id); w != nil {
+			t := time.AfterFunc(d, func() { log.Warn("muting worker (--mute)", "worker_id", id); w.Mute() })
+			defer t.Stop()
+		}
+	}
+	<-ctx.Done()
+	log.Info("closing the fleet: goodbyes, then draining in-flight requests")
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultShutdownTimeout)
+	defer cancel()
+	return fleet.Close(cctx)
+}

@@ -1,0 +1,449 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/workermon/workermon/events"
+)
+
+// exchange is one proxied request, from its arrival to the end of its
+// response. Only the request's goroutine uses it.
+type exchange struct {
+	rt    *Router
+	w     http.ResponseWriter
+	r     *http.Request
+	rc    *http.ResponseController
+	route string
+	model string
+	// code is the status written to the client, 0 until then.
+	code int
+	// tried are the workers that failed this request (unreachable, or cut).
+	tried []uint64
+	// cancelled is set once the client is known to be gone.
+	cancelled bool
+}
+
+// serveInference proxies a POST /v1/completions or /v1/chat/completions.
+func (rt *Router) serveInference(w http.ResponseWriter, r *http.Request, route string) {
+	start := time.Now()
+	rt.metrics.inFlight.Inc()
+	ex := &exchange{rt: rt, w: w, r: r, rc: http.NewResponseController(w), route: route}
+	defer func() {
+		rt.metrics.inFlight.Dec()
+		code := ex.code
+		if code == 0 {
+			code = statusClientClosed
+		}
+		rt.metrics.observe(route, code, start)
+	}()
+	ex.serve()
+}
+
+func (ex *exchange) serve() {
+	rt := ex.rt
+	body, ok := ex.readBody()
+	if !ok {
+		return
+	}
+	model, msg := requestModel(body)
+	if msg != "" {
+		ex.writeError(http.StatusBadRequest, typeInvalidRequest, msg)
+		return
+	}
+	ex.model = model
+
+	d := rt.cfg.BusyList.Decide(model)
+	rt.admission.Observe(model, d)
+	if !d.Admit {
+		ex.code = rt.cfg.RejectStatus
+		rt.reject.Reject(ex.w)
+		return
+	}
+	registered := rt.cfg.Registry.Endpoints(model)
+	if len(registered) == 0 {
+		ex.code = http.StatusServiceUnavailable
+		rt.writeNoWorkers(ex.w, model, "no worker is registered")
+		return
+	}
+	var buf [8]events.WorkerEntry
+	cands := d.Candidates(buf[:0], registered)
+	if len(cands) == 0 {
+		ex.code = http.StatusServiceUnavailable
+		rt.writeNoWorkers(ex.w, model, "every registered worker is busy")
+		return
+	}
+
+	var mig *migration
+	if ex.route == routeCompletions && rt.cfg.MigrationLimit > 0 {
+		mig = newMigration(body)
+	}
+	up, err := ex.dispatch(body, cands, mig != nil)
+	if err != nil {
+		ex.dispatchFailed(err)
+		return
+	}
+	if up.isEventStream() {
+		ex.stream(up, mig)
+		return
+	}
+	ex.copyRaw(up)
+}
+
+// readBody reads the request body, answering 413 when it is larger than
+// MaxBodyBytes.
+func (ex *exchange) readBody() ([]byte, bool) {
+	limit := ex.rt.cfg.MaxBodyBytes
+	tooLarge := func() {
+		ex.writeError(http.StatusRequestEntityTooLarge, typeInvalidRequest,
+			fmt.Sprintf("request body larger than %d bytes", limit))
+	}
+	if ex.r.ContentLength > limit {
+		tooLarge()
+		return nil, false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(ex.w, ex.r.Body, limit))
+	if err == nil {
+		return body, true
+	}
+	if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		tooLarge()
+		return nil, false
+	}
+	if ex.r.Context().Err() != nil {
+		ex.clientGone()
+		return nil, false
+	}
+	ex.writeError(http.StatusBadRequest, typeInvalidRequest, "reading the request body: "+err.Error())
+	return nil, false
+}
+
+// requestModel returns the body's top-level "model", or the message of a 400
+// when the body is not a JSON object with a non-empty string model.
+func requestModel(body []byte) (model, msg string) {
+	var req struct {
+		Model json.RawMessage `json:"model"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return "", "request body is not a JSON object: " + err.Error()
+	}
+	if len(req.Model) == 0 || string(req.Model) == "null" {
+		return "", `request body has no "model"`
+	}
+	if req.Model[0] != '"' || json.Unmarshal(req.Model, &model) != nil {
+		return "", `"model" must be a string`
+	}
+	if model == "" {
+		return "", `"model" is empty`
+	}
+	return model, ""
+}
+
+// writeError writes an error body, unless the response has started.
+func (ex *exchange) writeError(status int, typ, msg string) {
+	if ex.code != 0 {
+		return
+	}
+	ex.code = status
+	writeError(ex.w, status, typ, msg)
+}
+
+// clientGone counts the request as cancelled by its client, once.
+func (ex *exchange) clientGone() {
+	if ex.cancelled {
+		return
+	}
+	ex.cancelled = true
+	ex.rt.metrics.cancellations.WithLabelValues(ex.route).Inc()
+	ex.rt.log.Debug("router: client went away; upstream request cancelled", "model", ex.model, "route", ex.route)
+}
+
+// write sends p to the client and flushes it; false means the client is
+// gone.
+func (ex *exchange) write(p []byte) bool {
+	if _, err := ex.w.Write(p); err != nil {
+		ex.clientGone()
+		return false
+	}
+	if err := ex.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		ex.clientGone()
+		return false
+	}
+	return true
+}
+
+// upstream is a worker's response being relayed.
+type upstream struct {
+	resp    *http.Response
+	worker  events.WorkerEntry
+	load    *atomic.Int64
+	cancel  context.CancelCauseFunc
+	release sync.Once
+}
+
+// close closes the response, cancels its request and gives back its load
+// count; idempotent.
+func (u *upstream) close() {
+	u.release.Do(func() {
+		_ = u.resp.Body.Close()
+		u.cancel(nil)
+		u.load.Add(-1)
+	})
+}
+
+// isEventStream reports whether the response is a successful, uncompressed
+// server-sent event stream: those are relayed event by event.
+func (u *upstream) isEventStream() bool {
+	if u.resp.StatusCode != http.StatusOK {
+		return false
+	}
+	ce := u.resp.Header.Get("Content-Encoding")
+	if ce != "" && !strings.EqualFold(ce, "identity") {
+		return false
+	}
+	ct := u.resp.Header.Get("Content-Type")
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
+}
+
+// dispatch sends body to one of cands and returns the first response, of
+// whatever status. A worker that cannot be reached is added to ex.tried and
+// another one tried, at most MaxRetries times; a failure on a reused
+// connection (the engine may have closed it while idle) is first retried once
+// on the same worker. identity asks the worker for an uncompressed response.
+// The error matches ErrNoneAnswered, ErrUpstreamTimeout, or the request
+// context's error when the client went away.
+func (ex *exchange) dispatch(body []byte, cands []events.WorkerEntry, identity bool) (*upstream, error) {
+	rt := ex.rt
+	var lastErr error
+	failures, sameRetried := 0, false
+	var same *events.WorkerEntry
+	for failures <= rt.cfg.MaxRetries {
+		var worker events.WorkerEntry
+		if same != nil {
+			worker, same = *same, nil
+		} else {
+			var ok bool
+			if worker, ok = rt.loads.pick(cands, ex.tried); !ok {
+				break
+			}
+		}
+		if lastErr != nil {
+			rt.metrics.retries.Inc()
+		}
+		up, reused, err := ex.send(worker, body, identity)
+		if err == nil {
+			return up, nil
+		}
+		if ctxErr := ex.r.Context().Err(); ctxErr != nil {
+			return nil, ctxErr
+		}
+		if errors.Is(err, ErrUpstreamTimeout) {
+			rt.metrics.upstream.WithLabelValues(upstreamTimeout).Inc()
+			rt.upstreamLog.warn("router: worker did not answer in time", "model", ex.model,
+				"worker", worker.WorkerID, "endpoint", worker.Endpoint, "timeout", rt.cfg.UpstreamTimeout)
+			return nil, err
+		}
+		kind := upstreamConnect
+		if errors.Is(err, errBadEndpoint) {
+			kind = upstreamEndpoint
+		}
+		rt.metrics.upstream.WithLabelValues(kind).Inc()
+		rt.upstreamLog.warn("router: worker unreachable", "model", ex.model, "worker", worker.WorkerID,
+			"endpoint", worker.Endpoint, "reused_conn", reused, "err", err)
+		lastErr = err
+		if reused && !sameRetried {
+			sameRetried = true
+			same = &worker
+			continue
+		}
+		ex.tried = append(ex.tried, worker.WorkerID)
+		failures++
+	}
+	if lastErr == nil {
+		lastErr = ErrNoCandidates
+	}
+	return nil, fmt.Errorf("%w: %w", ErrNoneAnswered, lastErr)
+}
+
+// dispatchFailed answers a request that reached no worker.
+func (ex *exchange) dispatchFailed(err error) {
+	switch {
+	case ex.r.Context().Err() != nil:
+		ex.clientGone()
+	case errors.Is(err, ErrUpstreamTimeout):
+		ex.writeError(http.StatusGatewayTimeout, typeUpstreamTimeout,
+			fmt.Sprintf("the worker for model %q sent no response headers within %v", ex.model, ex.rt.cfg.UpstreamTimeout))
+	default:
+		ex.writeError(http.StatusBadGateway, typeUpstream,
+			fmt.Sprintf("no worker for model %q could be reached: %v", ex.model, err))
+	}
+}
+
+// errBadEndpoint: a registered endpoint is not an http(s) base URL.
+var errBadEndpoint = errors.New("router: bad endpoint")
+
+// send sends one request to worker. reused tells whether it went on a
+// reused connection. The returned upstream holds a load count on the
+// worker's endpoint until closed.
+func (ex *exchange) send(worker events.WorkerEntry, body []byte, identity bool) (_ *upstream, reused bool, _ error) {
+	rt := ex.rt
+	target, err := upstreamURL(worker.Endpoint, ex.r.URL)
+	if err != nil {
+		return nil, false, err
+	}
+	ctx, cancel := context.WithCancelCause(ex.r.Context())
+	var reusedConn atomic.Bool
+	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reusedConn.Store(i.Reused) }}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, target, bytes.NewReader(body))
+	if err != nil {
+		cancel(nil)
+		return nil, false, fmt.Errorf("%w: %q: %w", errBadEndpoint, worker.Endpoint, err)
+	}
+	copyRequestHeader(req.Header, ex.r)
+	if identity {
+		req.Header.Set("Accept-Encoding", "identity")
+	}
+	load := rt.loads.counter(worker.Endpoint)
+	load.Add(1)
+	timer := time.AfterFunc(rt.cfg.UpstreamTimeout, func() { cancel(ErrUpstreamTimeout) })
+	resp, err := rt.transport.RoundTrip(req)
+	if !timer.Stop() && err == nil {
+		// The timeout fired as the headers arrived: the body is cancelled.
+		_ = resp.Body.Close()
+		err = ErrUpstreamTimeout
+	}
+	if err != nil {
+		load.Add(-1)
+		timedOut := errors.Is(context.Cause(ctx), ErrUpstreamTimeout)
+		cancel(nil)
+		if timedOut {
+			return nil, false, ErrUpstreamTimeout
+		}
+		return nil, reusedConn.Load(), fmt.Errorf("router: send to worker %d at %s: %w", worker.WorkerID, worker.Endpoint, err)
+	}
+	return &upstream{resp: resp, worker: worker, load: load, cancel: cancel}, reusedConn.Load(), nil
+}
+
+// upstreamURL joins a worker's base URL (without /v1) and the request's
+// path and query.
+func upstreamURL(endpoint string, in *url.URL) (string, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("%w: %q is not an http(s) base URL", errBadEndpoint, endpoint)
+	}
+	u.Path = strings.TrimRight(u.Path, "/") + in.Path
+	u.RawPath = ""
+	u.RawQuery = in.RawQuery
+	u.Fragment = ""
+	return u.String(), nil
+}
+
+// hopHeaders are the hop-by-hop headers a proxy does not forward (RFC 9110
+// §7.6.1), and the ones it sets itself.
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+// removeHopHeaders deletes the hop-by-hop headers of h, and those its
+// Connection header names.
+func removeHopHeaders(h http.Header) {
+	for _, f := range h["Connection"] {
+		for name := range strings.SplitSeq(f, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				h.Del(name)
+			}
+		}
+	}
+	for _, name := range hopHeaders {
+		h.Del(name)
+	}
+}
+
+// copyRequestHeader copies the client's headers to an upstream request,
+// without the hop-by-hop ones, and adds X-Forwarded-For, -Host and -Proto.
+func copyRequestHeader(dst http.Header, r *http.Request) {
+	for k, vv := range r.Header {
+		dst[k] = slices.Clone(vv)
+	}
+	removeHopHeaders(dst)
+	dst.Del("Expect")
+	dst.Del("Content-Length")
+	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		if prior := dst.Values("X-Forwarded-For"); len(prior) > 0 {
+			ip = strings.Join(prior, ", ") + ", " + ip
+		}
+		dst.Set("X-Forwarded-For", ip)
+	}
+	if dst.Get("X-Forwarded-Host") == "" && r.Host != "" {
+		dst.Set("X-Forwarded-Host", r.Host)
+	}
+	if dst.Get("X-Forwarded-Proto") == "" {
+		proto := "http"
+		if r.TLS != nil {
+			proto = "https"
+		}
+		dst.Set("X-Forwarded-Proto", proto)
+	}
+}
+
+// copyResponseHeader copies a worker's response headers to the client's,
+// without the hop-by-hop ones.
+func copyResponseHeader(dst, src http.Header) {
+	for k, vv := range src {
+		dst[k] = slices.Clone(vv)
+	}
+	removeHopHeaders(dst)
+}
+
+// copyRaw relays a response that is not an event stream as it arrives: one
+// write and one flush per read. A body cut by the worker aborts the client's
+// response, so the client sees it incomplete rather than ended.
+func (ex *exchange) copyRaw(up *upstream) {
+	defer up.close()
+	copyResponseHeader(ex.w.Header(), up.resp.Header)
+	ex.code = up.resp.StatusCode
+	ex.w.WriteHeader(up.resp.StatusCode)
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	buf := *bp
+	for {
+		n, err := up.resp.Body.Read(buf)
+		if n > 0 && !ex.write(buf[:n]) {
+			return
+		}
+		switch {
+		case err == nil:
+			continue
+		case errors.Is(err, io.EOF):
+			return
+		case ex.r.Context().Err() != nil:
+			ex.clientGone()
+			return
+		}
+		ex.rt.metrics.upstream.WithLabelValues(upstreamStream).Inc()
+		ex.rt.streamLog.warn("router: worker's response cut", "model", ex.model, "worker", up.worker.WorkerID,
+			"endpoint", up.worker.Endpoint, "err", err)
+		up.close()
+		panic(http.ErrAbortHandler)
+	}
+}
+
+var copyBuffers = sync.Pool{New: func() any {
+	b := make([]byte, copyBufferSize)
+	return &b
+}}

@@ -1,0 +1,138 @@
+package router
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Error types of the router's error bodies.
+const (
+	typeInvalidRequest     = "invalid_request_error"
+	typeNotFound           = "not_found_error"
+	typeServiceUnavailable = "service_unavailable"
+	typeUpstream           = "upstream_error"
+	typeUpstreamTimeout    = "upstream_timeout"
+)
+
+// errorBody is the shape of every error the Router writes itself:
+// {"message","type","code"}, code being the HTTP status.
+type errorBody struct {
+	Message string `json:"message"`
+	Type    string `json:"type"`
+	Code    int    `json:"code"`
+}
+
+// marshalError returns the JSON of an error body.
+func marshalError(status int, typ, msg string) []byte {
+	b, err := json.Marshal(errorBody{Message: msg, Type: typ, Code: status})
+	if err != nil {
+		// Strings and an int always marshal.
+		panic(err)
+	}
+	return b
+}
+
+// writeError writes an error body with the given status.
+func writeError(w http.ResponseWriter, status int, typ, msg string) {
+	body := marshalError(status, typ, msg)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// retryAfterSeconds renders d as a Retry-After value: whole seconds, rounded
+// up, at least 1.
+func retryAfterSeconds(d time.Duration) string {
+	return strconv.FormatInt(max(int64((d+time.Second-1)/time.Second), 1), 10)
+}
+
+// writeNoWorkers answers 503 "no workers available" (never the all-busy
+// body), with Retry-After.
+func (rt *Router) writeNoWorkers(w http.ResponseWriter, model, why string) {
+	rt.metrics.noWorkers.Inc()
+	w.Header().Set("Retry-After", rt.retryAfter)
+	writeError(w, http.StatusServiceUnavailable, typeServiceUnavailable,
+		fmt.Sprintf("no workers available for model %q: %s", model, why))
+}
+
+// modelList is the answer of GET /v1/models (OpenAI's shape).
+type modelList struct {
+	Object string      `json:"object"`
+	Data   []modelInfo `json:"data"`
+}
+
+type modelInfo struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// serveModels lists the models that have registered workers or a busy-list
+// record, sorted.
+func (rt *Router) serveModels(w http.ResponseWriter, _ *http.Request) {
+	names := append(rt.cfg.Registry.Models(), rt.cfg.BusyList.Models()...)
+	slices.Sort(names)
+	names = slices.Compact(names)
+	list := modelList{Object: "list", Data: make([]modelInfo, 0, len(names))}
+	for _, n := range names {
+		list.Data = append(list.Data, modelInfo{ID: n, Object: "model", OwnedBy: "workermon"})
+	}
+	body, err := json.Marshal(list)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "internal_error", err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(body)
+}
+
+// serveReady answers 200 once the busy list and the registry are loaded and
+// ReadyCheck passes, 503 with the reasons otherwise.
+func (rt *Router) serveReady(w http.ResponseWriter, _ *http.Request) {
+	var problems []string
+	if rt.cfg.ReadyCheck != nil {
+		if err := rt.cfg.ReadyCheck(); err != nil {
+			problems = append(problems, err.Error())
+		}
+	}
+	if !rt.cfg.BusyList.Ready() {
+		problems = append(problems, "busy list not loaded yet")
+	}
+	if !rt.cfg.Registry.Ready() {
+		problems = append(problems, "worker registry not loaded yet")
+	}
+	if len(problems) > 0 {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = fmt.Fprintln(w, strings.Join(problems, "\n"))
+		return
+	}
+	_, _ = w.Write([]byte("ready\n"))
+}
+
+// serveNotFound answers every other request: 405 on a known path, 404
+// otherwise.
+func (rt *Router) serveNotFound(w http.ResponseWriter, r *http.Request) {
+	allow := ""
+	switch r.URL.Path {
+	case PathCompletions, PathChatCompletions:
+		allow = http.MethodPost
+	case PathModels, "/healthz", "/readyz":
+		allow = "GET, HEAD"
+	}
+	if allow != "" {
+		w.Header().Set("Allow", allow)
+		writeError(w, http.StatusMethodNotAllowed, typeInvalidRequest,
+			fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path))
+		return
+	}
+	writeError(w, http.StatusNotFound, typeNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+}

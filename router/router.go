@@ -1,0 +1,319 @@
+// Package router is workermon's gateway: an HTTP reverse proxy in front of
+// OpenAI-compatible engines that admits, rejects and routes every request
+// with the busy list (contract §7, §7c).
+//
+// For POST /v1/completions and POST /v1/chat/completions a Router reads the
+// model from the JSON body, asks the busy list (a busylist.Watcher) for the
+// decision, and either rejects the request (the §7 rejection) or forwards it
+// to one of the model's registered workers (a busylist.Registry) that the
+// decision allows: the free ones, else the ones not listed as busy. Among
+// those it picks by the power of two choices on its own count of requests in
+// flight per endpoint. The answer is streamed back as it arrives, one write
+// and one flush per read (per event for server-sent events).
+//
+// A worker that cannot be reached (a transport error before the response
+// headers) is retried on another one. With a migration limit above 0, a
+// streamed completion of one string prompt that an engine cuts mid-way
+// continues on another worker from the text already produced. A client that
+// goes away cancels the upstream request at once.
+//
+// The Router also answers GET /v1/models, /healthz and /readyz; /metrics is
+// left to the process (cmd/workermon), which owns the registry.
+package router
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/workermon/workermon/busylist"
+	"github.com/workermon/workermon/events"
+)
+
+// Defaults of a Config.
+const (
+	// DefaultRejectStatus is the status of a rejected request (503; 429 and
+	// 529 are allowed).
+	DefaultRejectStatus = busylist.DefaultRejectStatus
+	// DefaultRetryAfter is the Retry-After of a rejection and of a "no
+	// workers available" answer, rounded up to whole seconds.
+	DefaultRetryAfter = busylist.DefaultRetryAfter
+	// DefaultMaxBodyBytes is the largest request body read; a larger one gets
+	// 413.
+	DefaultMaxBodyBytes = 4 << 20
+	// DefaultUpstreamTimeout bounds the wait for a worker's response headers.
+	// An engine sends the headers of a non-streamed completion only when the
+	// whole completion is done, so this also bounds non-streamed generations.
+	DefaultUpstreamTimeout = 10 * time.Minute
+	// DefaultConnectTimeout bounds the TCP connection to a worker; a worker
+	// that does not accept within it is retried on another.
+	DefaultConnectTimeout = 2 * time.Second
+	// DefaultMaxRetries is how many other workers are tried after the first
+	// one could not be reached.
+	DefaultMaxRetries = 3
+	// DefaultMigrationLimit is how many times a cut stream may continue on
+	// another worker: 0, migration is off.
+	DefaultMigrationLimit = 0
+)
+
+const (
+	// maxEventBytes is the largest server-sent event forwarded; a larger one
+	// ends the stream as cut.
+	maxEventBytes = 1 << 20
+	// copyBufferSize is the read size of a pass-through copy.
+	copyBufferSize = 32 << 10
+	// maxIdleConnsPerHost keeps connections to each engine for reuse: many
+	// concurrent streams go to the same few engines.
+	maxIdleConnsPerHost = 256
+	// idleConnTimeout is how long an idle connection to an engine is kept.
+	idleConnTimeout = 30 * time.Second
+	// maxMigrationAttempts bounds the workers tried for one continuation.
+	maxMigrationAttempts = 4
+)
+
+// Sentinel errors of the package.
+var (
+	// ErrInvalidConfig is wrapped by Validate and New for every problem of a
+	// Config.
+	ErrInvalidConfig = errors.New("router: invalid config")
+	// ErrNoneAnswered: no candidate worker could be reached.
+	ErrNoneAnswered = errors.New("router: no worker answered")
+	// ErrUpstreamTimeout: a worker did not send its response headers within
+	// the upstream timeout.
+	ErrUpstreamTimeout = errors.New("router: timeout awaiting response headers")
+	// ErrNoCandidates: the decision left no registered worker to try.
+	ErrNoCandidates = errors.New("router: no workers available")
+)
+
+// BusyList is what the Router needs of the busy list; *busylist.Watcher is
+// one.
+type BusyList interface {
+	// Decide applies the router contract (§7) to a request for model.
+	Decide(model string) busylist.Decision
+	// Models returns the models that have a record.
+	Models() []string
+	// Ready reports whether the initial values are loaded.
+	Ready() bool
+}
+
+// Registry is what the Router needs of the worker registry;
+// *busylist.Registry is one.
+type Registry interface {
+	// Endpoints returns the model's registered workers, sorted by id; read
+	// only.
+	Endpoints(model string) []events.WorkerEntry
+	// Models returns the models with at least one registered worker.
+	Models() []string
+	// Ready reports whether the initial values are loaded.
+	Ready() bool
+}
+
+var (
+	_ BusyList     = (*busylist.Watcher)(nil)
+	_ Registry     = (*busylist.Registry)(nil)
+	_ http.Handler = (*Router)(nil)
+)
+
+// Config configures a Router. Whether a stale list admits (fail open) and
+// when a list turns stale are the BusyList's settings
+// (busylist.WithFailOpen, busylist.WithStaleListAfter).
+type Config struct {
+	// BusyList takes the admission decisions. Required.
+	BusyList BusyList
+	// Registry maps workers to endpoints. Required.
+	Registry Registry
+
+	// RejectStatus is the status of a rejection: 503, 429 or 529.
+	RejectStatus int
+	// RetryAfter is the Retry-After of a rejection; positive.
+	RetryAfter time.Duration
+	// MaxBodyBytes is the largest request body read; positive.
+	MaxBodyBytes int64
+	// UpstreamTimeout bounds the wait for a worker's response headers;
+	// positive.
+	UpstreamTimeout time.Duration
+	// ConnectTimeout bounds the connection to a worker; positive. Not used
+	// with a Transport of the caller's.
+	ConnectTimeout time.Duration
+	// MaxRetries is how many other workers are tried after one could not be
+	// reached; 0 or more.
+	MaxRetries int
+	// MigrationLimit is how many times a cut streamed completion continues
+	// on another worker; 0 (off) or more.
+	MigrationLimit int
+	// RouterID names this router in its logs.
+	RouterID string
+
+	// Transport sends the requests to the workers (nil: a Transport of the
+	// Router's own, with ConnectTimeout and no compression).
+	Transport http.RoundTripper
+	// ReadyCheck, when set, is one more condition of /readyz (the NATS
+	// connection): a non-nil error makes the router not ready.
+	ReadyCheck func() error
+	// Logger receives the router's logs (nil: discard).
+	Logger *slog.Logger
+	// Registerer receives the router's metrics (nil: not registered).
+	// Collectors already registered there are shared.
+	Registerer prometheus.Registerer
+}
+
+// DefaultConfig returns a Config with every default set; BusyList and
+// Registry are left for the caller.
+func DefaultConfig() Config {
+	return Config{
+		RejectStatus:    DefaultRejectStatus,
+		RetryAfter:      DefaultRetryAfter,
+		MaxBodyBytes:    DefaultMaxBodyBytes,
+		UpstreamTimeout: DefaultUpstreamTimeout,
+		ConnectTimeout:  DefaultConnectTimeout,
+		MaxRetries:      DefaultMaxRetries,
+		MigrationLimit:  DefaultMigrationLimit,
+	}
+}
+
+// Validate reports every problem of c, joined; each wraps ErrInvalidConfig.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
+	}
+	if c.BusyList == nil {
+		bad("nil BusyList")
+	}
+	if c.Registry == nil {
+		bad("nil Registry")
+	}
+	if !slices.Contains([]int{http.StatusServiceUnavailable, http.StatusTooManyRequests, 529}, c.RejectStatus) {
+		bad("reject status %d is not 503, 429 or 529", c.RejectStatus)
+	}
+	if c.RetryAfter <= 0 {
+		bad("retry-after %v is not positive", c.RetryAfter)
+	}
+	if c.MaxBodyBytes <= 0 {
+		bad("max body bytes %d is not positive", c.MaxBodyBytes)
+	}
+	if c.UpstreamTimeout <= 0 {
+		bad("upstream timeout %v is not positive", c.UpstreamTimeout)
+	}
+	if c.ConnectTimeout <= 0 {
+		bad("connect timeout %v is not positive", c.ConnectTimeout)
+	}
+	if c.MaxRetries < 0 {
+		bad("max retries %d is negative", c.MaxRetries)
+	}
+	if c.MigrationLimit < 0 {
+		bad("migration limit %d is negative", c.MigrationLimit)
+	}
+	return errors.Join(errs...)
+}
+
+// Router is the gateway; it is an http.Handler. Build it with New.
+type Router struct {
+	cfg       Config
+	log       *slog.Logger
+	transport http.RoundTripper
+	own       *http.Transport // the Router's own transport, closed by Close
+	reject    *busylist.Middleware
+	admission *busylist.AdmissionMetrics
+	metrics   *metrics
+	loads     loads
+	mux       *http.ServeMux
+
+	retryAfter             string // RetryAfter in whole seconds
+	upstreamLog, streamLog rateLog
+}
+
+// New returns a Router, or the problems of cfg.
+func New(cfg Config) (*Router, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("router: new: %w", err)
+	}
+	rt := &Router{cfg: cfg, log: cfg.Logger, transport: cfg.Transport}
+	if rt.log == nil {
+		rt.log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.RouterID != "" {
+		rt.log = rt.log.With("router_id", cfg.RouterID)
+	}
+	var err error
+	if rt.reject, err = busylist.NewMiddleware(cfg.BusyList, busylist.WithRejectStatus(cfg.RejectStatus),
+		busylist.WithRetryAfter(cfg.RetryAfter)); err != nil {
+		return nil, fmt.Errorf("router: new: %w", err)
+	}
+	if rt.admission, err = busylist.NewAdmissionMetrics(cfg.Registerer, busylist.DefaultMaxModelLabels); err != nil {
+		return nil, fmt.Errorf("router: new: %w", err)
+	}
+	if rt.metrics, err = newMetrics(cfg.Registerer); err != nil {
+		return nil, fmt.Errorf("router: new: %w", err)
+	}
+	if rt.transport == nil {
+		rt.own = newTransport(cfg.ConnectTimeout)
+		rt.transport = rt.own
+	}
+	rt.retryAfter = retryAfterSeconds(cfg.RetryAfter)
+	rt.upstreamLog = rateLog{log: rt.log, every: rateLogEvery}
+	rt.streamLog = rateLog{log: rt.log, every: rateLogEvery}
+	rt.loads.init()
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+PathCompletions, func(w http.ResponseWriter, r *http.Request) {
+		rt.serveInference(w, r, routeCompletions)
+	})
+	mux.HandleFunc("POST "+PathChatCompletions, func(w http.ResponseWriter, r *http.Request) {
+		rt.serveInference(w, r, routeChatCompletions)
+	})
+	mux.HandleFunc("GET "+PathModels, rt.serveModels)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", rt.serveReady)
+	mux.HandleFunc("/", rt.serveNotFound)
+	rt.mux = mux
+	return rt, nil
+}
+
+// Paths the Router serves.
+const (
+	PathCompletions     = "/v1/completions"
+	PathChatCompletions = "/v1/chat/completions"
+	PathModels          = "/v1/models"
+)
+
+// Route labels of the metrics.
+const (
+	routeCompletions     = "completions"
+	routeChatCompletions = "chat_completions"
+)
+
+// ServeHTTP serves the proxied paths, /v1/models, /healthz and /readyz.
+func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.mux.ServeHTTP(w, r) }
+
+// Close closes the idle connections of the Router's own transport. Requests
+// in flight are not interrupted (shut the HTTP server down first). It is
+// idempotent and returns nil.
+func (rt *Router) Close() error {
+	if rt.own != nil {
+		rt.own.CloseIdleConnections()
+	}
+	return nil
+}
+
+// newTransport returns the transport to the engines: HTTP/1.1, bounded
+// connects, many idle connections per engine, no transparent compression
+// (the client's Accept-Encoding is passed on as is).
+func newTransport(connectTimeout time.Duration) *http.Transport {
+	d := &net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		Proxy:               nil,
+		DialContext:         d.DialContext,
+		MaxIdleConns:        4 * maxIdleConnsPerHost,
+		MaxIdleConnsPerHost: maxIdleConnsPerHost,
+		IdleConnTimeout:     idleConnTimeout,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   false,
+	}
+}
