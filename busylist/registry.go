@@ -20,7 +20,7 @@ import (
 // §7b) in memory: for every model, its registered workers and their
 // endpoints.
 //
-// It shares the Watcher's watch loop (watcher.go): same reconnect, re-watch
+// It shares the Watcher's watch loop (watchloop.go): same reconnect, re-watch
 // and recreated-bucket handling, same lock-free immutable snapshots. An entry
 // goes away when its key is deleted or purged, and when it was received more
 // than the bucket's TTL ago (RegistryTTL when workermon created the bucket):
@@ -72,7 +72,7 @@ func NewRegistry(js jetstream.JetStream, opts ...WatchOption) (*Registry, error)
 		return nil, fmt.Errorf("busylist: new registry: %w", err)
 	}
 	r := &Registry{seen: make(map[string]registrySeen), owned: make(map[string]bool)}
-	r.loop = newWatchLoop(js, events.WorkersBucket, r, o, m)
+	r.loop = newWatchLoop(o.loopConfig(js, events.WorkersBucket), r, m.forBucket(events.WorkersBucket))
 	r.loop.start()
 	return r, nil
 }
@@ -117,7 +117,7 @@ func (r *Registry) Models() []string {
 }
 
 // watchReset, watchApply, watchSweep and watchPublish make the Registry a
-// watchHandler; only the loop's goroutine calls them.
+// watchSink and a watchSweeper; only the loop's goroutine calls them.
 
 func (r *Registry) watchReset() {
 	r.state.reset()

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -42,16 +41,7 @@ func DefaultThresholdStoreConfig() ThresholdStoreConfig {
 
 // Validate reports every problem of the configuration, joined.
 func (c ThresholdStoreConfig) Validate() error {
-	var errs []error
-	if c.JetStream == nil {
-		errs = append(errs, errors.New("busylist: threshold store: JetStream is nil"))
-	}
-	if c.Bucket == "" {
-		errs = append(errs, errors.New("busylist: threshold store: bucket name is empty"))
-	}
-	if c.Replicas < 0 || c.Replicas > maxReplicas {
-		errs = append(errs, fmt.Errorf("busylist: threshold store: replicas %d not in [0, %d]", c.Replicas, maxReplicas))
-	}
+	errs := validateBucket("threshold store", c.JetStream, c.Bucket, c.Replicas)
 	if c.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("busylist: threshold store: timeout %v is not positive", c.Timeout))
 	}
@@ -165,7 +155,7 @@ func (s *ThresholdStore) Merge(ctx context.Context, model string, patch events.T
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	for attempt := range threshMergeAttempts {
-		if attempt > 0 && !writerSleep(ctx, rand.N(time.Duration(attempt)*2*time.Millisecond)) {
+		if attempt > 0 && !sleepCtx(ctx, rand.N(time.Duration(attempt)*2*time.Millisecond)) {
 			return events.Thresholds{}, fmt.Errorf("busylist: merge thresholds of %q: %w", model, ctx.Err())
 		}
 		cur, rev, _, err := s.get(ctx, model)
@@ -228,34 +218,20 @@ func (s *ThresholdStore) List(ctx context.Context) (map[string]events.Thresholds
 	if err != nil {
 		return nil, err
 	}
-	wctx, wcancel := context.WithCancel(ctx)
-	watch, err := kv.WatchAll(wctx, jetstream.IgnoreDeletes())
+	out := make(map[string]events.Thresholds)
+	err = readBucket(ctx, kv, func(e jetstream.KeyValueEntry) {
+		model, err := events.ParseModelKey(e.Key())
+		if err != nil {
+			return
+		}
+		if t, err := threshDecode(e.Value()); err == nil {
+			out[model] = t
+		}
+	})
 	if err != nil {
-		wcancel()
 		return nil, fmt.Errorf("busylist: list thresholds: %w", err)
 	}
-	defer writerStopWatch(watch, wcancel)
-	out := make(map[string]events.Thresholds)
-	for {
-		select {
-		case e, ok := <-watch.Updates():
-			if !ok {
-				return nil, errors.New("busylist: list thresholds: watch closed")
-			}
-			if e == nil {
-				return out, nil
-			}
-			model, err := events.ParseModelKey(e.Key())
-			if err != nil {
-				continue
-			}
-			if t, err := threshDecode(e.Value()); err == nil {
-				out[model] = t
-			}
-		case <-ctx.Done():
-			return nil, fmt.Errorf("busylist: list thresholds: %w", ctx.Err())
-		}
-	}
+	return out, nil
 }
 
 // threshEncode checks a model and an override and encodes the override.
@@ -326,16 +302,7 @@ func DefaultThresholdWatcherConfig() ThresholdWatcherConfig {
 
 // Validate reports every problem of the configuration, joined.
 func (c ThresholdWatcherConfig) Validate() error {
-	var errs []error
-	if c.JetStream == nil {
-		errs = append(errs, errors.New("busylist: threshold watcher: JetStream is nil"))
-	}
-	if c.Bucket == "" {
-		errs = append(errs, errors.New("busylist: threshold watcher: bucket name is empty"))
-	}
-	if c.Replicas < 0 || c.Replicas > maxReplicas {
-		errs = append(errs, fmt.Errorf("busylist: threshold watcher: replicas %d not in [0, %d]", c.Replicas, maxReplicas))
-	}
+	errs := validateBucket("threshold watcher", c.JetStream, c.Bucket, c.Replicas)
 	if c.OnChange == nil {
 		errs = append(errs, errors.New("busylist: threshold watcher: OnChange is nil"))
 	}
@@ -351,21 +318,17 @@ func (c ThresholdWatcherConfig) Validate() error {
 // retrying while NATS is away), delivers the overrides already there, closes
 // Synced, then delivers each put, delete and purge.
 //
-// A KV watch stalls silently for 10–20 s after a NATS server restart, and
-// fails by closing its channel. So the watcher keeps the last revision it
-// saw and re-creates the watch from the next one whenever its channel
-// closes, its connection reconnects, or Rewatch is called; entries at or
-// below the last revision are ignored. When the bucket's last revision is
-// below the one seen (the bucket was re-created or the store lost), it
-// reads the bucket from the start and reports the overrides gone from it
-// as deleted.
+// It runs the watch loop of the Watcher and the Registry (watchloop.go). A
+// KV watch stalls silently for 10–20 s after a NATS server restart, and fails
+// by closing its channel or going silent. So the watcher keeps the last
+// revision it saw and re-creates the watch from the next one whenever its
+// channel closes, its connection reconnects, a probe finds it stalled, or
+// Rewatch is called; entries at or below the last revision are ignored. When
+// the bucket was deleted, or re-created (its last revision is below the one
+// seen, or its stream is another), it reads the bucket from the start and
+// reports the overrides gone from it as deleted.
 type ThresholdWatcher struct {
-	cfg     ThresholdWatcherConfig
-	log     *slog.Logger
-	metrics threshMetrics
-
-	rewatch chan struct{} // capacity 1
-	synced  chan struct{}
+	loop    *watchLoop
 	started atomic.Bool
 }
 
@@ -375,45 +338,38 @@ func NewThresholdWatcher(cfg ThresholdWatcherConfig) (*ThresholdWatcher, error) 
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	w := &ThresholdWatcher{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		rewatch: make(chan struct{}, 1),
-		synced:  make(chan struct{}),
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
-	if w.log == nil {
-		w.log = slog.New(slog.DiscardHandler)
-	}
-	w.log = w.log.With("bucket", cfg.Bucket)
 	m, err := newThreshMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
-	w.metrics = m
-	return w, nil
+	sink := &threshSink{onChange: cfg.OnChange, metrics: m, known: make(map[string]struct{})}
+	lcfg := watchLoopConfig{
+		js:         cfg.JetStream,
+		bucket:     cfg.Bucket,
+		replicas:   cfg.Replicas,
+		log:        log,
+		errLevel:   slog.LevelError,
+		now:        time.Now,
+		opTimeout:  cfg.Timeout,
+		probeEvery: DefaultProbeInterval,
+		retryMin:   cfg.RetryMin,
+		retryMax:   cfg.RetryMax,
+	}
+	return &ThresholdWatcher{loop: newWatchLoop(lcfg, sink, m)}, nil
 }
 
 // Synced is closed once the overrides that were in the bucket when the
 // watch started have all been passed to OnChange.
-func (w *ThresholdWatcher) Synced() <-chan struct{} { return w.synced }
+func (w *ThresholdWatcher) Synced() <-chan struct{} { return w.loop.readyCh }
 
 // Rewatch asks Run to re-create the watch from the last revision seen. It
 // never blocks; Run already does it on every reconnect of the JetStream
 // connection, so calling it from a nats.ReconnectHandler is optional.
-func (w *ThresholdWatcher) Rewatch() {
-	select {
-	case w.rewatch <- struct{}{}:
-	default:
-	}
-}
-
-// Why a watch ended.
-const (
-	threshStopCtx       = "ctx"
-	threshStopClosed    = "closed"
-	threshStopReconnect = "reconnect"
-	threshStopManual    = "manual"
-)
+func (w *ThresholdWatcher) Rewatch() { w.loop.rewatch() }
 
 // Run watches until ctx is done and returns nil. It returns
 // ErrThresholdWatcherRunning when called a second time.
@@ -421,193 +377,70 @@ func (w *ThresholdWatcher) Run(ctx context.Context) error {
 	if !w.started.CompareAndSwap(false, true) {
 		return ErrThresholdWatcherRunning
 	}
-	var status chan nats.Status
-	if nc := w.cfg.JetStream.Conn(); nc != nil {
-		status = nc.StatusChanged(nats.CONNECTED)
-		defer nc.RemoveStatusListener(status)
-	}
-	r := &threshRun{
-		w:     w,
-		known: make(map[string]struct{}),
-		bo:    newWriterBackoff(w.cfg.RetryMin, w.cfg.RetryMax),
-		elog:  &writerErrLog{log: w.log, what: "watch threshold overrides"},
-	}
-	for {
-		wctx, cancel := context.WithCancel(ctx)
-		watch, err := r.start(wctx)
-		if err != nil {
-			cancel()
-			if ctx.Err() != nil {
-				return nil
-			}
-			w.metrics.errors.Inc()
-			r.elog.fail(err)
-			if !r.wait(ctx, status) {
-				return nil
-			}
-			continue
-		}
-		why := r.consume(ctx, watch, status)
-		writerStopWatch(watch, cancel)
-		if why == threshStopCtx {
-			return nil
-		}
-		w.metrics.rewatches.WithLabelValues(why).Inc()
-		if why == threshStopClosed {
-			w.log.Warn("busylist: threshold watch closed, watching again", "revision", r.lastRev)
-			if !r.wait(ctx, status) {
-				return nil
-			}
-		} else {
-			w.log.Info("busylist: watching threshold overrides again", "reason", why, "revision", r.lastRev)
-		}
-	}
+	w.loop.run(ctx)
+	return nil
 }
 
-// threshRun is the state of ThresholdWatcher.Run, owned by its goroutine.
-type threshRun struct {
-	w       *ThresholdWatcher
-	lastRev uint64
-	known   map[string]struct{} // models with an override, as delivered
-	resync  bool                // reading the bucket again from the start
-	seen    map[string]struct{} // during a resync, models met
-	bo      writerBackoff
-	elog    *writerErrLog
+// threshSink turns the entries of the thresholds bucket into OnChange calls.
+// Only the loop's goroutine uses it.
+type threshSink struct {
+	onChange func(model string, t events.Thresholds, deleted bool)
+	metrics  threshMetrics
+	known    map[string]struct{} // models with an override, as delivered
+	seen     map[string]struct{} // during a full sync, the models met; else nil
 }
 
-// wait sleeps the backoff, cut short by a reconnect or Rewatch, and reports
-// whether ctx is still live.
-func (r *threshRun) wait(ctx context.Context, status chan nats.Status) bool {
-	t := time.NewTimer(r.bo.next())
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-	case <-status:
-	case <-r.w.rewatch:
-	}
-	return true
-}
+var _ watchSink = (*threshSink)(nil)
 
-// start opens the bucket and starts a watch from the revision after the
-// last one seen.
-func (r *threshRun) start(ctx context.Context) (jetstream.KeyWatcher, error) {
-	w := r.w
-	octx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
-	defer cancel()
-	kv, err := OpenBucket(octx, w.cfg.JetStream, w.cfg.Bucket, w.cfg.Replicas)
-	if err != nil {
-		return nil, err
-	}
-	var opts []jetstream.WatchOpt
-	if r.lastRev > 0 {
-		st, err := kv.Status(octx)
-		if err != nil {
-			return nil, fmt.Errorf("busylist: status of bucket %s: %w", w.cfg.Bucket, err)
-		}
-		if si, ok := st.(interface{ StreamInfo() *jetstream.StreamInfo }); ok && si.StreamInfo() != nil &&
-			si.StreamInfo().State.LastSeq < r.lastRev {
-			w.log.Warn("busylist: threshold bucket was reset, reading it again",
-				"last_revision", si.StreamInfo().State.LastSeq, "seen_revision", r.lastRev)
-			r.lastRev, r.resync, r.seen = 0, true, make(map[string]struct{})
-		}
-	}
-	if r.lastRev > 0 {
-		opts = append(opts, jetstream.ResumeFromRevision(r.lastRev+1))
-	}
-	// The watch lives as long as ctx, not octx.
-	watch, err := kv.WatchAll(ctx, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("busylist: watch bucket %s: %w", w.cfg.Bucket, err)
-	}
-	return watch, nil
-}
+// watchReset begins a full sync: the overrides delivered before and not met
+// in it are reported deleted when it ends.
+func (s *threshSink) watchReset() { s.seen = make(map[string]struct{}) }
 
-// consume handles a watch's entries until it must end, and says why.
-func (r *threshRun) consume(ctx context.Context, watch jetstream.KeyWatcher, status chan nats.Status) string {
-	w := r.w
-	for {
-		select {
-		case <-ctx.Done():
-			return threshStopCtx
-		case <-w.rewatch:
-			return threshStopManual
-		case <-status:
-			return threshStopReconnect
-		case e, ok := <-watch.Updates():
-			if !ok {
-				return threshStopClosed
-			}
-			if e == nil {
-				r.initialDone()
-				continue
-			}
-			r.handle(e)
-		}
-	}
-}
-
-// initialDone runs when a watch has delivered the entries present at its
-// start.
-func (r *threshRun) initialDone() {
-	w := r.w
-	r.bo.reset()
-	r.elog.ok()
-	if r.resync {
-		for model := range r.known {
-			if _, ok := r.seen[model]; !ok {
-				delete(r.known, model)
-				w.metrics.updates.WithLabelValues("delete").Inc()
-				w.cfg.OnChange(model, events.Thresholds{}, true)
-			}
-		}
-		r.resync, r.seen = false, nil
-	}
-	select {
-	case <-w.synced:
-	default:
-		close(w.synced)
-		w.log.Info("busylist: threshold overrides loaded", "models", len(r.known), "revision", r.lastRev)
-	}
-}
-
-// handle passes one entry to OnChange.
-func (r *threshRun) handle(e jetstream.KeyValueEntry) {
-	w := r.w
-	if e.Revision() <= r.lastRev {
-		return
-	}
-	r.lastRev = e.Revision()
+// watchApply passes one entry to OnChange. A delete met during a full sync
+// is passed on only for a model whose override was delivered.
+func (s *threshSink) watchApply(e jetstream.KeyValueEntry, _ time.Time) error {
 	model, err := events.ParseModelKey(e.Key())
 	if err != nil {
-		w.metrics.invalid.Inc()
-		w.log.Warn("busylist: ignoring a threshold key that is not a model key", "key", e.Key(), "err", err)
-		return
+		return &watchRecordError{reason: "bad_key", err: fmt.Errorf("busylist: threshold key %q: %w", e.Key(), err)}
 	}
-	if r.resync {
-		r.seen[model] = struct{}{}
+	if s.seen != nil {
+		s.seen[model] = struct{}{}
 	}
 	if e.Operation() != jetstream.KeyValuePut {
-		if r.resync {
-			if _, ok := r.known[model]; !ok {
-				return // gone before and after
-			}
+		if _, ok := s.known[model]; ok || s.seen == nil {
+			s.deleted(model)
 		}
-		delete(r.known, model)
-		w.metrics.updates.WithLabelValues("delete").Inc()
-		w.cfg.OnChange(model, events.Thresholds{}, true)
-		return
+		return nil
 	}
 	t, err := threshDecode(e.Value())
 	if err != nil {
-		w.metrics.invalid.Inc()
-		w.log.Warn("busylist: ignoring an invalid threshold override", "model", model, "revision", e.Revision(), "err", err)
-		return
+		// The override in force, if any, stays.
+		return &watchRecordError{reason: "malformed", err: fmt.Errorf("busylist: thresholds of %q: %w", model, err)}
 	}
-	r.known[model] = struct{}{}
-	w.metrics.updates.WithLabelValues("put").Inc()
-	w.cfg.OnChange(model, t, false)
+	s.known[model] = struct{}{}
+	s.metrics.updates.WithLabelValues("put").Inc()
+	s.onChange(model, t, false)
+	return nil
+}
+
+// watchPublish ends a full sync, if one is under way, reporting the
+// overrides it did not meet as deleted.
+func (s *threshSink) watchPublish() int {
+	if s.seen != nil {
+		for model := range s.known {
+			if _, ok := s.seen[model]; !ok {
+				s.deleted(model)
+			}
+		}
+		s.seen = nil
+	}
+	return len(s.known)
+}
+
+func (s *threshSink) deleted(model string) {
+	delete(s.known, model)
+	s.metrics.updates.WithLabelValues("delete").Inc()
+	s.onChange(model, events.Thresholds{}, true)
 }
 
 // threshMetrics are the ThresholdWatcher's Prometheus metrics.
@@ -617,6 +450,8 @@ type threshMetrics struct {
 	errors    prometheus.Counter
 	rewatches *prometheus.CounterVec
 }
+
+var _ watchStats = threshMetrics{}
 
 func newThreshMetrics(reg prometheus.Registerer) (threshMetrics, error) {
 	m := threshMetrics{
@@ -634,13 +469,27 @@ func newThreshMetrics(reg prometheus.Registerer) (threshMetrics, error) {
 		}),
 		rewatches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "workermon_threshold_watcher_rewatches_total",
-			Help: "Watches of the thresholds bucket re-created, by reason: reconnect, closed or manual.",
+			Help: "Watches of the thresholds bucket re-created, by reason: reconnect, closed, manual, gone, recreated or stalled.",
 		}, []string{"reason"}),
 	}
 	m.updates.WithLabelValues("put")
 	m.updates.WithLabelValues("delete")
-	for _, r := range []string{threshStopReconnect, threshStopClosed, threshStopManual} {
-		m.rewatches.WithLabelValues(r)
+	for _, why := range []watchEnd{watchEndReconnect, watchEndClosed, watchEndManual, watchEndGone, watchEndRecreated, watchEndStalled} {
+		m.rewatches.WithLabelValues(why.String())
 	}
 	return m, writerRegister(reg, m.updates, m.invalid, m.errors, m.rewatches)
 }
+
+// rewatched counts a failed attempt to watch as an error, any other end of
+// a watch as a re-watch.
+func (m threshMetrics) rewatched(why watchEnd) {
+	if why == watchEndError {
+		m.errors.Inc()
+		return
+	}
+	m.rewatches.WithLabelValues(why.String()).Inc()
+}
+
+func (m threshMetrics) badRecord(string) { m.invalid.Inc() }
+
+func (m threshMetrics) published(int) {}

@@ -6,41 +6,20 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/workermon/workermon/events"
 )
 
-// This file holds the router side's watch machinery: the Watcher of the busy
-// bucket and the KV-watch loop it shares with the Registry (registry.go).
-//
-// The loop (watchLoop) owns one goroutine. It opens the bucket (creating it
-// when missing), watches every key and feeds the entries to a watchHandler,
-// which applies them to a copy-on-write map and publishes immutable snapshots
-// through an atomic.Pointer. It re-watches:
-//
-//   - at once, resuming after the last revision seen, on every reconnect of
-//     the NATS connection (a KV watcher otherwise stalls for 10–20 s after a
-//     server restart);
-//   - with capped, jittered backoff when the watcher's channel closes or the
-//     bucket cannot be opened;
-//   - from scratch (a full re-watch whose result replaces the snapshot in one
-//     store) when a probe finds the bucket deleted, or deleted and recreated
-//     (another stream creation time, or a last sequence below the last
-//     revision seen);
-//   - resuming, when a probe finds the stream ahead of the watcher on two
-//     probes in a row without progress (a silent stall).
-//
-// Entries at or below the last revision seen are ignored, so overlapping
-// re-watches never apply an entry twice or go back in time.
+// This file holds the router side's Watcher of the busy bucket, the options
+// it shares with the Registry (registry.go), the copy-on-write state both
+// publish their snapshots from, and their metrics. The watch loop itself is
+// in watchloop.go.
 
 // Defaults of the watch options.
 const (
@@ -62,33 +41,9 @@ const (
 	watchBackoffMin = 50 * time.Millisecond
 	// watchBackoffMax caps the delay between re-watch attempts.
 	watchBackoffMax = 5 * time.Second
-	// watchHealthyAfter is how long a watch must have lasted for the backoff
-	// to start again from watchBackoffMin.
-	watchHealthyAfter = 10 * time.Second
 	// watchOpTimeout bounds every single request to the server: opening the
 	// bucket and each probe.
 	watchOpTimeout = 5 * time.Second
-	// watchDrainTimeout bounds the draining of a stopped watcher's channel.
-	watchDrainTimeout = 2 * time.Second
-	// watchLogEvery is how often a failing loop, or a run of bad records,
-	// logs.
-	watchLogEvery = 10 * time.Second
-	// watchBatchMax is the most queued entries applied before one publish.
-	watchBatchMax = 256
-	// watchSweepEvery is how often entries past the bucket's TTL are dropped
-	// (bucket TTL expiries reach watchers only when the bucket has limit
-	// markers).
-	watchSweepEvery = time.Second
-)
-
-// Sentinel errors of the router side.
-var (
-	// ErrWatcherClosed is returned by WaitReady when the Watcher or Registry
-	// was closed before its initial values arrived.
-	ErrWatcherClosed = errors.New("busylist: watcher closed")
-	// ErrInvalidOption is wrapped by the constructors when an option is out
-	// of range or does not apply.
-	ErrInvalidOption = errors.New("busylist: invalid option")
 )
 
 // WatchOption configures a Watcher or a Registry.
@@ -126,6 +81,22 @@ func watchApplyOptions(opts []WatchOption) (watchOptions, error) {
 		}
 	}
 	return o, errors.Join(errs...)
+}
+
+// loopConfig is the configuration of the watch loop of a bucket.
+func (o *watchOptions) loopConfig(js jetstream.JetStream, bucket string) watchLoopConfig {
+	return watchLoopConfig{
+		js:         js,
+		bucket:     bucket,
+		replicas:   o.replicas,
+		log:        o.log,
+		errLevel:   slog.LevelWarn,
+		now:        o.now,
+		opTimeout:  watchOpTimeout,
+		probeEvery: o.probeEvery,
+		retryMin:   watchBackoffMin,
+		retryMax:   watchBackoffMax,
+	}
 }
 
 // WithLogger sets the logger (default: discard).
@@ -201,8 +172,8 @@ func WithProbeInterval(d time.Duration) WatchOption {
 // the watcher finds it missing (default 1). An existing bucket is left alone.
 func WithBucketReplicas(n int) WatchOption {
 	return func(o *watchOptions) error {
-		if n < 1 || n > 5 {
-			return fmt.Errorf("%w: replicas %d not in [1, 5]", ErrInvalidOption, n)
+		if n < 1 || n > maxReplicas {
+			return fmt.Errorf("%w: replicas %d not in [1, %d]", ErrInvalidOption, n, maxReplicas)
 		}
 		o.replicas = n
 		return nil
@@ -252,7 +223,7 @@ func NewWatcher(js jetstream.JetStream, opts ...WatchOption) (*Watcher, error) {
 		return nil, fmt.Errorf("busylist: new watcher: %w", err)
 	}
 	w := &Watcher{staleAfter: o.staleAfter, failOpen: o.failOpen, now: o.now}
-	w.loop = newWatchLoop(js, events.BusyBucket, w, o, m)
+	w.loop = newWatchLoop(o.loopConfig(js, events.BusyBucket), w, m.forBucket(events.BusyBucket))
 	w.loop.start()
 	return w, nil
 }
@@ -290,7 +261,7 @@ func (w *Watcher) Models() []string {
 }
 
 // watchReset, watchApply, watchSweep and watchPublish make the Watcher a
-// watchHandler; only the loop's goroutine calls them.
+// watchSink and a watchSweeper; only the loop's goroutine calls them.
 
 func (w *Watcher) watchReset() { w.state.reset() }
 
@@ -409,72 +380,13 @@ func (s *watchState[V]) publish() int {
 	return len(s.load())
 }
 
-// watchHandler receives a watched bucket's entries. The loop calls it from
-// its goroutine only.
-type watchHandler interface {
-	// watchReset starts a full re-watch: the entries up to the next publish
-	// replace everything.
-	watchReset()
-	// watchApply applies one entry (put, delete or purge) to the pending
-	// state; now is the router's clock at receipt. A returned error means a
-	// bad record: it is logged and counted, and the handler has already
-	// removed the key.
-	watchApply(e jetstream.KeyValueEntry, now time.Time) error
-	// watchSweep drops entries received more than ttl ago.
-	watchSweep(now time.Time, ttl time.Duration)
-	// watchPublish makes pending changes visible and returns the number of
-	// keys.
-	watchPublish() int
-}
-
 var (
-	_ watchHandler = (*Watcher)(nil)
-	_ watchHandler = (*Registry)(nil)
+	_ watchSink    = (*Watcher)(nil)
+	_ watchSweeper = (*Watcher)(nil)
+	_ watchSink    = (*Registry)(nil)
+	_ watchSweeper = (*Registry)(nil)
+	_ watchStats   = (*routerWatchStats)(nil)
 )
-
-// watchRecordError is a bad record, with the reason label it is counted
-// under.
-type watchRecordError struct {
-	reason string
-	err    error
-}
-
-func (e *watchRecordError) Error() string { return e.err.Error() }
-func (e *watchRecordError) Unwrap() error { return e.err }
-
-// watchEnd is why one watch ended.
-type watchEnd uint8
-
-const (
-	watchEndNone      watchEnd = iota
-	watchEndStopped            // the loop's context ended
-	watchEndReconnect          // the connection reconnected: resume
-	watchEndClosed             // the watcher's channel closed: back off, resume
-	watchEndError              // the bucket could not be opened or watched: back off
-	watchEndGone               // the bucket was deleted: full re-watch
-	watchEndRecreated          // the bucket was deleted and recreated: full re-watch
-	watchEndStalled            // the watcher fell behind without progress: resume
-)
-
-func (e watchEnd) String() string {
-	switch e {
-	case watchEndStopped:
-		return "stopped"
-	case watchEndReconnect:
-		return "reconnect"
-	case watchEndClosed:
-		return "closed"
-	case watchEndError:
-		return "error"
-	case watchEndGone:
-		return "gone"
-	case watchEndRecreated:
-		return "recreated"
-	case watchEndStalled:
-		return "stalled"
-	}
-	return "none"
-}
 
 // watchMetrics are the metrics of both watchers, labelled by bucket.
 type watchMetrics struct {
@@ -519,6 +431,33 @@ func newWatchMetrics(reg prometheus.Registerer) (*watchMetrics, error) {
 	return m, nil
 }
 
+// forBucket returns the metrics of one bucket's watch.
+func (m *watchMetrics) forBucket(bucket string) *routerWatchStats {
+	return &routerWatchStats{
+		rewatches:  m.rewatches.MustCurryWith(prometheus.Labels{"bucket": bucket}),
+		badRecords: m.badRecords.MustCurryWith(prometheus.Labels{"bucket": bucket}),
+		ready:      m.ready.WithLabelValues(bucket),
+		keys:       m.keys.WithLabelValues(bucket),
+	}
+}
+
+// routerWatchStats counts one bucket's watch in the router's metrics.
+type routerWatchStats struct {
+	rewatches  *prometheus.CounterVec // curried with the bucket
+	badRecords *prometheus.CounterVec // curried with the bucket
+	ready      prometheus.Gauge
+	keys       prometheus.Gauge
+}
+
+func (s *routerWatchStats) rewatched(why watchEnd) { s.rewatches.WithLabelValues(why.String()).Inc() }
+
+func (s *routerWatchStats) badRecord(reason string) { s.badRecords.WithLabelValues(reason).Inc() }
+
+func (s *routerWatchStats) published(keys int) {
+	s.ready.Set(1)
+	s.keys.Set(float64(keys))
+}
+
 // watchRegisterCollector registers c on reg (when not nil) and returns it,
 // or the equal collector already registered there.
 func watchRegisterCollector[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
@@ -534,392 +473,4 @@ func watchRegisterCollector[C prometheus.Collector](reg prometheus.Registerer, c
 		return c, fmt.Errorf("busylist: register metrics: %w", err)
 	}
 	return c, nil
-}
-
-// watchLoop watches one bucket for one handler; see the top of this file.
-type watchLoop struct {
-	js         jetstream.JetStream
-	bucket     string
-	replicas   int
-	h          watchHandler
-	log        *slog.Logger
-	now        func() time.Time
-	probeEvery time.Duration
-	sweepEvery time.Duration
-
-	rewatches  *prometheus.CounterVec // curried with the bucket
-	badRecords *prometheus.CounterVec // curried with the bucket
-	readyGauge prometheus.Gauge
-	keysGauge  prometheus.Gauge
-
-	cancel    context.CancelFunc
-	done      chan struct{}
-	readyCh   chan struct{}
-	readyOnce sync.Once
-	closeOnce sync.Once
-
-	// Owned by the loop's goroutine.
-	lastRev uint64    // highest revision applied
-	created time.Time // creation time of the bucket's stream being watched
-	synced  bool      // the current state is complete (a full watch's initial values are in)
-	ttl     time.Duration
-	lag     watchLag
-	backoff watchBackoff
-	errLog  watchErrLog
-	badLog  watchErrLog
-}
-
-func newWatchLoop(js jetstream.JetStream, bucket string, h watchHandler, o watchOptions, m *watchMetrics) *watchLoop {
-	log := o.log.With("bucket", bucket)
-	return &watchLoop{
-		js:         js,
-		bucket:     bucket,
-		replicas:   o.replicas,
-		h:          h,
-		log:        log,
-		now:        o.now,
-		probeEvery: o.probeEvery,
-		sweepEvery: watchSweepEvery,
-		rewatches:  m.rewatches.MustCurryWith(prometheus.Labels{"bucket": bucket}),
-		badRecords: m.badRecords.MustCurryWith(prometheus.Labels{"bucket": bucket}),
-		readyGauge: m.ready.WithLabelValues(bucket),
-		keysGauge:  m.keys.WithLabelValues(bucket),
-		done:       make(chan struct{}),
-		readyCh:    make(chan struct{}),
-		backoff:    watchBackoff{cur: watchBackoffMin},
-		errLog:     watchErrLog{log: log, what: "watch bucket"},
-		badLog:     watchErrLog{log: log, what: "decode records"},
-	}
-}
-
-func (l *watchLoop) start() {
-	ctx, cancel := context.WithCancel(context.Background())
-	l.cancel = cancel
-	go func() {
-		defer close(l.done)
-		l.run(ctx)
-	}()
-}
-
-func (l *watchLoop) close() {
-	l.closeOnce.Do(l.cancel)
-	<-l.done
-}
-
-func (l *watchLoop) waitReady(ctx context.Context) error {
-	select {
-	case <-l.readyCh:
-		return nil
-	default:
-	}
-	select {
-	case <-l.readyCh:
-		return nil
-	case <-l.done:
-		return ErrWatcherClosed
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (l *watchLoop) run(ctx context.Context) {
-	var status chan nats.Status
-	if nc := l.js.Conn(); nc != nil {
-		// Registered before the first watch so that no reconnect is missed.
-		status = nc.StatusChanged(nats.CONNECTED)
-		defer nc.RemoveStatusListener(status)
-	}
-	for {
-		started := time.Now()
-		end, err := l.watchOnce(ctx, status)
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(started) >= watchHealthyAfter {
-			// A watch that lasted is no run of failures.
-			l.backoff.reset()
-		}
-		l.rewatches.WithLabelValues(end.String()).Inc()
-		switch end {
-		case watchEndReconnect, watchEndStalled, watchEndGone, watchEndRecreated:
-			l.log.Debug("busylist: re-watching", "reason", end.String(), "revision", l.lastRev)
-			continue
-		}
-		if err == nil {
-			err = fmt.Errorf("busylist: watch of bucket %s ended: %s", l.bucket, end)
-		}
-		l.errLog.fail(err, "revision", l.lastRev)
-		if !watchSleep(ctx, status, l.backoff.next()) {
-			return
-		}
-	}
-}
-
-// watchSleep waits d, or less when the connection reconnects, and reports
-// whether ctx is still live.
-func watchSleep(ctx context.Context, status <-chan nats.Status, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-	case <-status:
-	}
-	return true
-}
-
-// watchOnce opens the bucket, watches it (resuming after lastRev when the
-// state is complete and the bucket is the same, from scratch otherwise) and
-// returns when the watch must be replaced.
-func (l *watchLoop) watchOnce(ctx context.Context, status <-chan nats.Status) (watchEnd, error) {
-	octx, cancel := context.WithTimeout(ctx, watchOpTimeout)
-	kv, err := OpenBucket(octx, l.js, l.bucket, l.replicas)
-	var st jetstream.KeyValueStatus
-	if err == nil {
-		if st, err = kv.Status(octx); err != nil {
-			err = fmt.Errorf("busylist: status of bucket %s: %w", l.bucket, err)
-		}
-	}
-	cancel()
-	if err != nil {
-		return watchEndError, err
-	}
-	created, lastSeq, known := watchStreamState(st)
-	l.ttl = st.TTL()
-	full := !l.synced || known && (!created.Equal(l.created) || lastSeq < l.lastRev)
-	var opts []jetstream.WatchOpt
-	if full {
-		if l.synced {
-			l.log.Info("busylist: reloading the bucket from scratch", "revision", l.lastRev, "last_seq", lastSeq)
-		}
-		l.h.watchReset()
-		l.synced, l.lastRev, l.created, l.lag = false, 0, created, watchLag{}
-	} else {
-		opts = append(opts, jetstream.ResumeFromRevision(l.lastRev+1))
-	}
-	l.lag.behind = false
-	// Reconnects signalled before this watch need no other one.
-	for len(status) > 0 {
-		<-status
-	}
-
-	// wctx is the watcher's lifetime: cancelling it unsubscribes.
-	wctx, wcancel := context.WithCancel(ctx)
-	w, err := kv.WatchAll(wctx, opts...)
-	if err != nil {
-		wcancel()
-		return watchEndError, fmt.Errorf("busylist: watch bucket %s: %w", l.bucket, err)
-	}
-	defer watchStop(wcancel, w)
-
-	probe := time.NewTicker(l.probeEvery)
-	defer probe.Stop()
-	sweep := time.NewTicker(l.sweepEvery)
-	defer sweep.Stop()
-	updates := w.Updates()
-	initial := full // applying a full watch's initial values
-	for {
-		select {
-		case <-ctx.Done():
-			return watchEndStopped, nil
-		case <-status:
-			return watchEndReconnect, nil
-		case e, ok := <-updates:
-			for n := 0; ok; n++ {
-				if e == nil {
-					// The initial values are in: publish them, then say so.
-					initial = false
-					l.synced = true
-					l.keysGauge.Set(float64(l.h.watchPublish()))
-					l.markReady()
-				} else {
-					l.apply(e, initial)
-				}
-				if n >= watchBatchMax || len(updates) == 0 {
-					break
-				}
-				e, ok = <-updates
-			}
-			if l.synced {
-				l.keysGauge.Set(float64(l.h.watchPublish()))
-			}
-			if !ok {
-				return watchEndClosed, nil
-			}
-		case <-probe.C:
-			if end := l.probe(ctx, kv); end != watchEndNone {
-				return end, nil
-			}
-		case <-sweep.C:
-			if l.synced && l.ttl > 0 {
-				l.h.watchSweep(l.now(), l.ttl)
-				l.keysGauge.Set(float64(l.h.watchPublish()))
-			}
-		}
-	}
-}
-
-// apply hands one entry to the handler unless it was applied before.
-func (l *watchLoop) apply(e jetstream.KeyValueEntry, initial bool) {
-	rev := e.Revision()
-	// A full watch's initial values come one per key; later entries are
-	// filtered by revision, so that a resumed watch never applies one twice.
-	if !initial && rev <= l.lastRev {
-		return
-	}
-	l.lastRev = max(l.lastRev, rev)
-	if err := l.h.watchApply(e, l.now()); err != nil {
-		reason := "other"
-		if re, ok := errors.AsType[*watchRecordError](err); ok {
-			reason = re.reason
-		}
-		l.badRecords.WithLabelValues(reason).Inc()
-		l.badLog.fail(err, "key", e.Key(), "revision", rev, "reason", reason)
-	}
-}
-
-func (l *watchLoop) markReady() {
-	l.errLog.ok()
-	l.readyOnce.Do(func() {
-		l.readyGauge.Set(1)
-		close(l.readyCh)
-	})
-}
-
-// probe asks the server about the bucket and tells whether the watch must be
-// replaced. A failed request is no reason: the reconnect signal, or a later
-// probe, acts when the server is back.
-func (l *watchLoop) probe(ctx context.Context, kv jetstream.KeyValue) watchEnd {
-	pctx, cancel := context.WithTimeout(ctx, watchOpTimeout)
-	st, err := kv.Status(pctx)
-	cancel()
-	switch {
-	case errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound):
-		l.log.Warn("busylist: bucket deleted, reopening it")
-		return watchEndGone
-	case err != nil:
-		l.log.Debug("busylist: probe failed", "err", err)
-		return watchEndNone
-	}
-	created, lastSeq, known := watchStreamState(st)
-	l.ttl = st.TTL()
-	if !known {
-		return watchEndNone
-	}
-	if !created.Equal(l.created) || lastSeq < l.lastRev {
-		l.log.Warn("busylist: bucket recreated, reloading it", "revision", l.lastRev, "last_seq", lastSeq)
-		return watchEndRecreated
-	}
-	if l.synced && l.lag.stalled(lastSeq, l.lastRev) {
-		l.log.Warn("busylist: watcher behind the bucket without progress, re-watching",
-			"revision", l.lastRev, "last_seq", lastSeq)
-		return watchEndStalled
-	}
-	return watchEndNone
-}
-
-// watchStreamState returns the creation time and last sequence of a bucket's
-// stream; known is false when the status does not carry them.
-func watchStreamState(st jetstream.KeyValueStatus) (created time.Time, lastSeq uint64, known bool) {
-	if s, ok := st.(interface{ StreamInfo() *jetstream.StreamInfo }); ok {
-		if info := s.StreamInfo(); info != nil {
-			return info.Created, info.State.LastSeq, true
-		}
-	}
-	return time.Time{}, 0, false
-}
-
-// watchStop stops a KV watcher by cancelling its context, and drains its
-// channel until nats.go closes it, so that the subscription's delivery
-// goroutine, which may be blocked on the full channel, can finish. The drain
-// is bounded. (KeyWatcher.Stop is not called: it also deletes the consumer,
-// a request that waits out the JetStream timeout when the server is down;
-// on a cancelled context nats.go does that on a goroutine of its own.)
-func watchStop(cancel context.CancelFunc, w jetstream.KeyWatcher) {
-	cancel()
-	t := time.NewTimer(watchDrainTimeout)
-	defer t.Stop()
-	for {
-		select {
-		case _, ok := <-w.Updates():
-			if !ok {
-				return
-			}
-		case <-t.C:
-			return
-		}
-	}
-}
-
-// watchLag tells a stalled watcher: the stream's last sequence ahead of the
-// last revision applied, with no progress, on two probes in a row. It fires
-// once per last sequence, so that messages removed before delivery (expired,
-// or purged delete markers) do not cause endless re-watches.
-type watchLag struct {
-	behind bool
-	rev    uint64 // last revision at the previous probe that found a lag
-	fired  uint64 // last sequence a stall was reported for
-}
-
-func (g *watchLag) stalled(lastSeq, lastRev uint64) bool {
-	if lastSeq <= lastRev || lastSeq == g.fired {
-		g.behind = false
-		return false
-	}
-	if g.behind && g.rev == lastRev {
-		g.behind, g.fired = false, lastSeq
-		return true
-	}
-	g.behind, g.rev = true, lastRev
-	return false
-}
-
-// watchBackoff is a capped exponential backoff with ±20% jitter.
-type watchBackoff struct{ cur time.Duration }
-
-func (b *watchBackoff) next() time.Duration {
-	d := b.cur
-	b.cur = min(2*b.cur, watchBackoffMax)
-	return d + time.Duration(float64(d)*0.4*(rand.Float64()-0.5))
-}
-
-func (b *watchBackoff) reset() { b.cur = watchBackoffMin }
-
-// watchErrLog logs a run of failures at most every watchLogEvery and the
-// recovery once.
-type watchErrLog struct {
-	log        *slog.Logger
-	what       string
-	failing    bool
-	since      time.Time
-	failures   int
-	suppressed int
-	lastLogged time.Time
-}
-
-func (l *watchErrLog) fail(err error, attrs ...any) {
-	now := time.Now()
-	if !l.failing {
-		// lastLogged is kept: a flapping watch still logs at most every
-		// watchLogEvery.
-		l.failing, l.since, l.failures = true, now, 0
-	}
-	l.failures++
-	if !l.lastLogged.IsZero() && now.Sub(l.lastLogged) < watchLogEvery {
-		l.suppressed++
-		return
-	}
-	attrs = append(attrs, "err", err, "failures", l.failures, "suppressed", l.suppressed)
-	l.log.Warn("busylist: cannot "+l.what, attrs...)
-	l.lastLogged, l.suppressed = now, 0
-}
-
-func (l *watchErrLog) ok() {
-	if !l.failing {
-		return
-	}
-	l.failing = false
-	l.log.Info("busylist: "+l.what+" recovered", "failures", l.failures,
-		"outage", time.Since(l.since).Round(time.Millisecond))
 }

@@ -453,8 +453,16 @@ func TestWatcherBucketRecreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The watcher may have recreated the bucket already; OpenBucket takes
-	// either. The new bucket's revisions start again from 1.
-	kv = env.bucket(t, events.BusyBucket)
+	// either. Right after the delete the server may still refuse to create
+	// the stream's store: retry. The new bucket's revisions start again
+	// from 1.
+	watchTestEventually(t, 5*time.Second, "bucket open again", func() bool {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		var err error
+		kv, err = OpenBucket(ctx, env.js, events.BusyBucket, 1)
+		return err == nil
+	})
 	rev := watchTestPut(t, kv, watchTestSet("new", time.Now().UnixNano(), nil, []uint64{1}))
 	if rev >= 6 {
 		t.Fatalf("revision %d did not go backwards", rev)

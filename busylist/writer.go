@@ -41,25 +41,6 @@ const (
 	DefaultRetryMax = 2 * time.Second
 )
 
-// maxReplicas is the largest replica count JetStream accepts for a stream.
-const maxReplicas = 5
-
-// Sentinel errors of the Writer and the threshold code.
-var (
-	// ErrWriterRunning is returned by Writer.Run when the Writer has already
-	// been run.
-	ErrWriterRunning = errors.New("busylist: writer already started")
-	// ErrThresholdWatcherRunning is returned by ThresholdWatcher.Run when the
-	// watcher has already been run.
-	ErrThresholdWatcherRunning = errors.New("busylist: threshold watcher already started")
-	// ErrThresholdConflict is returned by ThresholdStore.Merge when the
-	// override kept changing under it.
-	ErrThresholdConflict = errors.New("busylist: threshold override changed concurrently")
-	// ErrBadOverride marks a stored threshold override that is not a JSON
-	// object of the three thresholds within their ranges.
-	ErrBadOverride = errors.New("busylist: invalid threshold override")
-)
-
 var _ monitor.Sink = (*Writer)(nil)
 
 // WriterConfig configures a Writer.
@@ -115,16 +96,7 @@ func DefaultWriterConfig() WriterConfig {
 
 // Validate reports every problem of the configuration, joined.
 func (c WriterConfig) Validate() error {
-	var errs []error
-	if c.JetStream == nil {
-		errs = append(errs, errors.New("busylist: writer: JetStream is nil"))
-	}
-	if c.Bucket == "" {
-		errs = append(errs, errors.New("busylist: writer: bucket name is empty"))
-	}
-	if c.Replicas < 0 || c.Replicas > maxReplicas {
-		errs = append(errs, fmt.Errorf("busylist: writer: replicas %d not in [0, %d]", c.Replicas, maxReplicas))
-	}
+	errs := validateBucket("writer", c.JetStream, c.Bucket, c.Replicas)
 	if c.MonitorID == "" {
 		errs = append(errs, errors.New("busylist: writer: monitor id is empty"))
 	}
@@ -142,21 +114,6 @@ func (c WriterConfig) Validate() error {
 	}
 	errs = append(errs, validateRetry("writer", c.RetryMin, c.RetryMax)...)
 	return errors.Join(errs...)
-}
-
-// validateRetry checks a pair of backoff bounds.
-func validateRetry(who string, lo, hi time.Duration) []error {
-	var errs []error
-	if lo <= 0 {
-		errs = append(errs, fmt.Errorf("busylist: %s: retry minimum %v is not positive", who, lo))
-	}
-	if hi <= 0 {
-		errs = append(errs, fmt.Errorf("busylist: %s: retry maximum %v is not positive", who, hi))
-	}
-	if lo > 0 && hi > 0 && lo > hi {
-		errs = append(errs, fmt.Errorf("busylist: %s: retry minimum %v is above the maximum %v", who, lo, hi))
-	}
-	return errs
 }
 
 // Writer kinds, the `kind` label of the write metrics.
@@ -289,8 +246,8 @@ func (w *Writer) Run(ctx context.Context) error {
 		records: make(map[string]*writerRecord),
 		dirty:   make(map[string]struct{}),
 		spare:   make(map[string]writerPending),
-		bo:      newWriterBackoff(w.cfg.RetryMin, w.cfg.RetryMax),
-		elog:    &writerErrLog{log: w.log, what: "write busy-set records"},
+		bo:      newBackoff(w.cfg.RetryMin, w.cfg.RetryMax),
+		elog:    newErrLog(w.log, slog.LevelError, "write busy-set records"),
 	}
 	if err := r.open(ctx); err != nil {
 		return nil // ctx is done before NATS came
@@ -313,8 +270,8 @@ type writerRun struct {
 	warm     bool
 	openedAt time.Time
 	orphaned bool // orphans have been dealt with
-	bo       writerBackoff
-	elog     *writerErrLog
+	bo       backoff
+	elog     *errLog
 }
 
 // writerRecord is what the Writer knows of a model's key.
@@ -356,8 +313,35 @@ func (r *writerRun) open(ctx context.Context) error {
 		}
 		w.metrics.errors.WithLabelValues(writerKindOpen).Inc()
 		r.elog.fail(err)
-		if !writerSleep(ctx, r.bo.next()) {
+		if !sleepCtx(ctx, r.bo.next()) {
 			return ctx.Err()
+		}
+	}
+}
+
+// writerOpenBucket opens (creating if needed) a bucket, retrying with
+// backoff and rate-limited error logs until it succeeds or ctx is done. Each
+// attempt is bounded by timeout. It returns ctx's error when ctx ends first.
+func writerOpenBucket(ctx context.Context, js jetstream.JetStream, bucket string, replicas int,
+	timeout time.Duration, bo *backoff, elog *errLog, onErr func(error),
+) (jetstream.KeyValue, error) {
+	for {
+		octx, cancel := context.WithTimeout(ctx, timeout)
+		kv, err := OpenBucket(octx, js, bucket, replicas)
+		cancel()
+		if err == nil {
+			elog.ok()
+			return kv, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if onErr != nil {
+			onErr(err)
+		}
+		elog.fail(err, "bucket", bucket)
+		if !sleepCtx(ctx, bo.next()) {
+			return nil, ctx.Err()
 		}
 	}
 }
@@ -368,39 +352,27 @@ func (r *writerRun) scan(ctx context.Context) (n int, maxEpoch uint64, err error
 	w := r.w
 	sctx, cancel := context.WithTimeout(ctx, w.cfg.WriteTimeout)
 	defer cancel()
-	watch, err := r.kv.WatchAll(sctx, jetstream.IgnoreDeletes())
+	found := make(map[string]struct{})
+	err = readBucket(sctx, r.kv, func(e jetstream.KeyValueEntry) {
+		if epoch, ok := r.existing(e); ok {
+			maxEpoch = max(maxEpoch, epoch)
+		}
+		if model, err := events.ParseModelKey(e.Key()); err == nil {
+			found[model] = struct{}{}
+		} else {
+			w.log.Warn("busylist: ignoring a key that is not a model key", "key", e.Key(), "err", err)
+		}
+	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("busylist: read bucket %s: %w", w.cfg.Bucket, err)
 	}
-	defer writerStopWatch(watch, cancel)
-	found := make(map[string]struct{})
-	for {
-		select {
-		case e, ok := <-watch.Updates():
-			if !ok {
-				return 0, 0, fmt.Errorf("busylist: read bucket %s: watch closed", w.cfg.Bucket)
-			}
-			if e == nil {
-				w.mu.Lock()
-				for model := range found {
-					w.known[model] = struct{}{}
-					r.records[model] = &writerRecord{exists: true, orphan: true}
-				}
-				w.mu.Unlock()
-				return len(found), maxEpoch, nil
-			}
-			if epoch, ok := r.existing(e); ok {
-				maxEpoch = max(maxEpoch, epoch)
-			}
-			if model, err := events.ParseModelKey(e.Key()); err == nil {
-				found[model] = struct{}{}
-			} else {
-				w.log.Warn("busylist: ignoring a key that is not a model key", "key", e.Key(), "err", err)
-			}
-		case <-sctx.Done():
-			return 0, 0, fmt.Errorf("busylist: read bucket %s: %w", w.cfg.Bucket, sctx.Err())
-		}
+	w.mu.Lock()
+	for model := range found {
+		w.known[model] = struct{}{}
+		r.records[model] = &writerRecord{exists: true, orphan: true}
 	}
+	w.mu.Unlock()
+	return len(found), maxEpoch, nil
 }
 
 // existing returns the epoch of a record found at start. Only the epoch is

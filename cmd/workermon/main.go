@@ -28,6 +28,7 @@ func commands() []command {
 		{"thresholds", "get, set or unset a model's busy thresholds on a running monitor", runThresholds},
 		{"status", "print each model's busy, free and stale workers and its thresholds", runStatus},
 		{"sim", "run a simulated engine fleet that publishes its load and serves OpenAI-compatible requests", runSim},
+		{"demo", "run NATS, monitor, simulated engines, router and load in one process", runDemo},
 		{"healthcheck", "GET a health URL and fail unless it answers 2xx (for container HEALTHCHECKs)", runHealthcheck},
 	}
 }

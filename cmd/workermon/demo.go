@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/workermon/workermon/busylist"
+	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/loadgen"
+	"github.com/workermon/workermon/sim"
+)
+
+// Defaults of `workermon demo`.
+const (
+	// DefaultDemoWorkers and DefaultDemoRanks size the simulated fleet.
+	DefaultDemoWorkers = 3
+	DefaultDemoRanks   = 2
+	// DefaultDemoPeriod is one cycle of the load ramp: up, then down.
+	DefaultDemoPeriod = time.Minute
+	// DefaultDemoMinRPS and DefaultDemoMaxRPS bound the ramp. The default
+	// fleet serves about 25 requests per second; the peak is well past it.
+	DefaultDemoMinRPS = 2
+	DefaultDemoMaxRPS = 75
+	// DefaultDemoDecodeThreshold is the demo's KV-cache threshold.
+	DefaultDemoDecodeThreshold = 0.7
+	// DefaultDemoPrefillThreshold is the demo's prefill threshold in tokens
+	// (queued prompts count as prefill in the simulator).
+	DefaultDemoPrefillThreshold = 1536
+	// DefaultDemoInterval is how often the live summary is printed.
+	DefaultDemoInterval = 2 * time.Second
+)
+
+// demoOptions is everything `workermon demo` can be told.
+type demoOptions struct {
+	serve    serveOptions
+	router   routerOptions
+	fleet    sim.FleetConfig
+	load     loadgen.Config
+	noLoad   bool
+	duration time.Duration
+	interval time.Duration
+	log      logOptions
+}
+
+func defaultDemoOptions() demoOptions {
+	o := demoOptions{
+		serve:    defaultServeOptions(),
+		router:   defaultRouterOptions(),
+		fleet:    sim.DefaultFleetConfig(),
+		load:     loadgen.DefaultConfig(),
+		interval: DefaultDemoInterval,
+		log:      logOptions{level: "warn", format: "text"},
+	}
+	o.serve.embedded.DataDir = "" // a fresh temporary store, removed at exit
+	o.serve.writer.Warmup = time.Second
+	o.serve.monitor.Defaults = events.Thresholds{
+		ActiveDecodeBlocks:  events.Ptr(DefaultDemoDecodeThreshold),
+		ActivePrefillTokens: events.Ptr[uint64](DefaultDemoPrefillThreshold),
+	}
+	o.fleet.Workers, o.fleet.Ranks = DefaultDemoWorkers, DefaultDemoRanks
+	o.fleet.Publish.Heartbeat = time.Second
+	o.load.Profile = loadgen.ProfileTriangle
+	o.load.MinRPS, o.load.MaxRPS, o.load.Period = DefaultDemoMinRPS, DefaultDemoMaxRPS, DefaultDemoPeriod
+	o.load.Window = 5 * time.Second
+	return o
+}
+
+func (o *demoOptions) flags(fs *flag.FlagSet) {
+	fs.StringVar(&o.serve.embedded.Addr, "nats-addr", o.serve.embedded.Addr, "listen address of the embedded NATS server")
+	fs.StringVar(&o.serve.embedded.DataDir, "data-dir", o.serve.embedded.DataDir, "JetStream store (empty: a temporary directory removed at exit)")
+	fs.StringVar(&o.serve.httpAddr, "monitor-addr", o.serve.httpAddr, "listen address of the monitor's API and metrics")
+	fs.StringVar(&o.router.httpAddr, "router-addr", o.router.httpAddr, "listen address of the router")
+	fs.StringVar(&o.fleet.Model, "model", o.fleet.Model, "model the simulated workers serve")
+	fs.IntVar(&o.fleet.Workers, "workers", o.fleet.Workers, "number of simulated workers")
+	fs.Func("ranks", fmt.Sprintf("data-parallel ranks per worker (default %d)", o.fleet.Ranks), func(s string) error {
+		var v uint32
+		_, err := fmt.Sscan(s, &v)
+		o.fleet.Ranks = v
+		return err
+	})
+	fs.Var(optFloat{&o.serve.monitor.Defaults.ActiveDecodeBlocks}, "active-decode-blocks-threshold", "KV-cache threshold")
+	fs.Var(optUint{&o.serve.monitor.Defaults.ActivePrefillTokens}, "active-prefill-tokens-threshold", "prefill threshold in tokens")
+	fs.Float64Var(&o.load.MinRPS, "min-rps", o.load.MinRPS, "lowest request rate of the ramp")
+	fs.Float64Var(&o.load.MaxRPS, "max-rps", o.load.MaxRPS, "highest request rate of the ramp")
+	fs.DurationVar(&o.load.Period, "period", o.load.Period, "one cycle of the ramp, up and down")
+	fs.BoolVar(&o.noLoad, "no-load", false, "start no load generator (send your own requests to the router)")
+	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (0: run until Ctrl-C)")
+	fs.DurationVar(&o.interval, "interval", o.interval, "how often to print the summary")
+	o.log.flags(fs)
+}
+
+// demo is everything of `workermon demo`, running.
+type demo struct {
+	monitor *service
+	router  *routerService
+	fleet   *sim.Fleet
+	model   string
+	tmpDir  string
+}
+
+// startDemo starts NATS and the monitor, the fleet and the router.
+func startDemo(ctx context.Context, o demoOptions, log *slog.Logger) (_ *demo, err error) {
+	d := &demo{model: o.fleet.Model}
+	defer func() {
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultShutdownTimeout)
+			defer cancel()
+			_ = d.Close(cctx)
+		}
+	}()
+	if o.serve.embedded.DataDir == "" {
+		if d.tmpDir, err = os.MkdirTemp("", "workermon-demo-"); err != nil {
+			return nil, fmt.Errorf("demo: %w", err)
+		}
+		o.serve.embedded.DataDir = d.tmpDir
+	}
+	if d.monitor, err = startService(ctx, o.serve, log.With("part", "monitor"), newRegistry()); err != nil {
+		return nil, err
+	}
+	o.fleet.NATS.URL = d.monitor.natsURL
+	if d.fleet, err = sim.NewFleet(ctx, o.fleet, log.With("part", "sim")); err != nil {
+		return nil, err
+	}
+	o.router.natsURL = d.monitor.natsURL
+	if d.router, err = startRouter(o.router, log.With("part", "router"), newRegistry()); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Close stops the router, the fleet (with goodbyes) and the monitor.
+func (d *demo) Close(ctx context.Context) error {
+	var errs []error
+	if d.router != nil {
+		errs = append(errs, d.router.Close(ctx))
+	}
+	if d.fleet != nil {
+		errs = append(errs, d.fleet.Close(ctx))
+	}
+	if d.monitor != nil {
+		errs = append(errs, d.monitor.Close(ctx))
+	}
+	if d.tmpDir != "" {
+		errs = append(errs, os.RemoveAll(d.tmpDir))
+	}
+	return errors.Join(errs...)
+}
+
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o := defaultDemoOptions()
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	o.flags(fs)
+	if err := parseFlags(fs, args, stderr, nil); err != nil {
+		return err
+	}
+	log, err := o.log.logger(stderr)
+	if err != nil {
+		return err
+	}
+	if o.duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.duration)
+		defer cancel()
+	}
+	d, err := startDemo(ctx, o, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultShutdownTimeout)
+		defer cancel()
+		if err := d.Close(cctx); err != nil {
+			log.Warn("demo: shutdown", "err", err)
+		}
+	}()
+	d.banner(stdout, o)
+
+	o.load.Target = "http://" + d.router.httpAddr
+	o.load.Models = []string{o.fleet.Model}
+	var gen *loadgen.Generator
+	genDone := make(chan struct{})
+	if o.noLoad {
+		close(genDone)
+	} else {
+		if gen, err = loadgen.New(o.load, log.With("part", "loadgen")); err != nil {
+			return err
+		}
+		go func() {
+			defer close(genDone)
+			if err := gen.Run(ctx); err != nil {
+				log.Error("demo: load generator stopped", "err", err)
+			}
+		}()
+	}
+	tick := time.NewTicker(o.interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			<-genDone
+			fmt.Fprintln(stdout, "stopping: router, workers (goodbyes), monitor, NATS")
+			return nil
+		case <-tick.C:
+			fmt.Fprintln(stdout, d.summary(gen))
+		}
+	}
+}
+
+func (d *demo) banner(w io.Writer, o demoOptions) {
+	m, r := d.monitor.httpAddr, d.router.httpAddr
+	fmt.Fprintf(w, `workermon demo — NATS, monitor, %d simulated workers × %d ranks, router and load, in one process
+
+  NATS         %s
+  monitor API  http://%s/busy   http://%s/loads   http://%s/busy_threshold
+  metrics      http://%s/metrics   http://%s/metrics
+  router       http://%s/v1/completions  (OpenAI-compatible; 503 when every worker is busy)
+`, o.fleet.Workers, o.fleet.Ranks, d.monitor.natsURL, m, m, m, m, r, r)
+	for _, wk := range d.fleet.Workers() {
+		fmt.Fprintf(w, "  worker %-4d  %s\n", wk.ID(), wk.Endpoint())
+	}
+	fmt.Fprintf(w, "\nthresholds: %s\n", thresholdsAttr(o.serve.monitor.Defaults))
+	if !o.noLoad {
+		fmt.Fprintf(w, "load: %g → %g → %g requests/s every %v\n", o.load.MinRPS, o.load.MaxRPS, o.load.MinRPS, o.load.Period)
+	}
+	fmt.Fprintf(w, "try: go run ./cmd/workermon status --monitor-url http://%s\nCtrl-C to stop.\n\n", m)
+}
+
+// summary renders one line: the load, what the router answered, and the
+// busy set as the router sees it.
+func (d *demo) summary(gen *loadgen.Generator) string {
+	var b strings.Builder
+	if gen != nil {
+		s := gen.Stats()
+		win := s.Window
+		secs := max(win.Duration.Seconds(), 0.001)
+		fmt.Fprintf(&b, "t=%3.0fs target %5.1f/s | 200 %5.1f/s  503 %5.1f/s  err %4.1f/s | p50 %5s p99 %5s | ",
+			s.Elapsed.Seconds(), s.TargetRPS, float64(win.OK)/secs, float64(win.Unavailable)/secs,
+			float64(win.Errors+win.OtherStatus)/secs, round(win.Latency.P50), round(win.Latency.P99))
+	}
+	rec, _, ok := d.router.watcher.Record(d.model)
+	dec := d.router.watcher.Decide(d.model)
+	if !ok {
+		fmt.Fprintf(&b, "%s: no record yet", d.model)
+		return b.String()
+	}
+	fmt.Fprintf(&b, "%s busy %v free %v stale %v", d.model, rec.Busy, rec.Free, rec.Stale)
+	if dec.Reason == busylist.ReasonAllBusy {
+		b.WriteString("  ALL BUSY → 503")
+	}
+	return b.String()
+}
+
+func round(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return d.Round(10 * time.Millisecond).String()
+}
