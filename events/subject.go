@@ -37,6 +37,10 @@ func ByeSubject(prefix, model string, workerID uint64) string {
 	return prefix + ".bye." + ModelKey(model) + "." + strconv.FormatUint(workerID, 10)
 }
 
+// Wildcard subscribes to every subject under prefix: reports and goodbyes
+// on one subscription keep the order in which one publisher sent them.
+func Wildcard(prefix string) string { return prefix + ".>" }
+
 // LoadWildcard subscribes to every report under prefix.
 func LoadWildcard(prefix string) string { return prefix + ".load.*.*.*" }
 

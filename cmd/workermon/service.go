@@ -38,7 +38,7 @@ type service struct {
 	nc       *nats.Conn
 	mon      *monitor.Monitor
 	writer   *busylist.Writer
-	subs     []*nats.Subscription
+	sub      *nats.Subscription
 	http     *http.Server
 
 	// Each loop has its own context so that Close can stop them in order.
@@ -108,15 +108,15 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 	svc.stopMonitor, svc.monitorDone = goLoop(svc.mon.Run, log, "monitor")
 	svc.stopWatcher, svc.watcherDone = goLoop(watcher.Run, log, "threshold watcher")
 
-	for _, subject := range []string{events.LoadWildcard(o.monitor.SubjectPrefix), events.ByeWildcard(o.monitor.SubjectPrefix)} {
-		sub, err := svc.nc.Subscribe(subject, func(m *nats.Msg) { svc.mon.Submit(m.Subject, m.Data) })
-		if err != nil {
-			return nil, fmt.Errorf("serve: subscribe %s: %w", subject, err)
-		}
-		if err := sub.SetPendingLimits(subscriptionPendingLimit, 64<<20); err != nil {
-			return nil, fmt.Errorf("serve: subscribe %s: %w", subject, err)
-		}
-		svc.subs = append(svc.subs, sub)
+	// One subscription for reports and goodbyes: NATS keeps one publisher's
+	// order within a subscription, so a goodbye never overtakes the reports
+	// sent before it.
+	subject := events.Wildcard(o.monitor.SubjectPrefix)
+	if svc.sub, err = svc.nc.Subscribe(subject, func(m *nats.Msg) { svc.mon.Submit(m.Subject, m.Data) }); err != nil {
+		return nil, fmt.Errorf("serve: subscribe %s: %w", subject, err)
+	}
+	if err := svc.sub.SetPendingLimits(subscriptionPendingLimit, 64<<20); err != nil {
+		return nil, fmt.Errorf("serve: subscribe %s: %w", subject, err)
 	}
 
 	scfg := busylist.DefaultThresholdStoreConfig()
@@ -223,8 +223,8 @@ func goLoop(loop func(context.Context) error, log *slog.Logger, name string) (co
 func (svc *service) Close(ctx context.Context) error {
 	svc.closeOnce.Do(func() {
 		var errs []error
-		for _, sub := range svc.subs {
-			_ = sub.Unsubscribe()
+		if svc.sub != nil {
+			_ = svc.sub.Unsubscribe()
 		}
 		stop := func(cancel context.CancelFunc, done chan struct{}, name string) {
 			if cancel == nil {
