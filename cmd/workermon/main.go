@@ -29,6 +29,7 @@ func commands() []command {
 		{"status", "print each model's busy, free and stale workers and its thresholds", runStatus},
 		{"sim", "run a simulated engine fleet that publishes its load and serves OpenAI-compatible requests", runSim},
 		{"demo", "run NATS, monitor, simulated engines, router and load in one process", runDemo},
+		{"load", "send OpenAI-compatible requests at a constant or ramping rate and count the answers", runLoad},
 		{"healthcheck", "GET a health URL and fail unless it answers 2xx (for container HEALTHCHECKs)", runHealthcheck},
 	}
 }
