@@ -23,13 +23,13 @@ type command struct {
 
 func commands() []command {
 	return []command{
+		{"demo", "run NATS, monitor, simulated engines, router and load in one process", runDemo},
 		{"serve", "run the monitor: load state, busy sets, thresholds API", runServe},
 		{"router", "run the gateway: admit, reject and route OpenAI-compatible requests", runRouter},
-		{"thresholds", "get, set or unset a model's busy thresholds on a running monitor", runThresholds},
-		{"status", "print each model's busy, free and stale workers and its thresholds", runStatus},
 		{"sim", "run a simulated engine fleet that publishes its load and serves OpenAI-compatible requests", runSim},
-		{"demo", "run NATS, monitor, simulated engines, router and load in one process", runDemo},
 		{"load", "send OpenAI-compatible requests at a constant or ramping rate and count the answers", runLoad},
+		{"status", "print each model's busy, free and stale workers and its thresholds", runStatus},
+		{"thresholds", "get, set or unset a model's busy thresholds on a running monitor", runThresholds},
 		{"healthcheck", "GET a health URL and fail unless it answers 2xx (for container HEALTHCHECKs)", runHealthcheck},
 	}
 }
