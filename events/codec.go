@@ -3,23 +3,35 @@ package events
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"math"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
+// maxInterned bounds the strings a Decoder remembers (see Decoder.intern).
+const maxInterned = 1024
+
 // Decoder decodes and validates reports and goodbyes. It reuses its buffers
 // between calls, so one Decoder belongs to one goroutine; the zero value is
 // not usable, call NewDecoder.
+//
+// A steady stream of reports decodes without allocating: keys are matched in
+// place (knownKey) and model and source names are interned (intern).
 type Decoder struct {
-	r bytes.Reader
-	d *msgpack.Decoder
+	r    bytes.Reader
+	d    *msgpack.Decoder
+	data []byte            // the payload being decoded, nil between calls
+	strs map[string]string // interned names, at most maxInterned
 }
 
 // NewDecoder returns a Decoder ready for use.
 func NewDecoder() *Decoder {
-	dec := &Decoder{}
+	dec := &Decoder{strs: make(map[string]string)}
+	// bytes.Reader is an io.ByteScanner, so msgpack reads it without a
+	// buffer of its own: dec.r's position is always the decoder's, which
+	// rawString relies on.
 	dec.d = msgpack.NewDecoder(&dec.r)
 	return dec
 }
@@ -43,6 +55,44 @@ const (
 )
 
 var requiredNames = [...]string{"v", "model", "worker_id", "boot_id", "seq", "sent_at"}
+
+// knownKey returns the constant string equal to key when key is one of the
+// contract's (§3, §4), and "" for any other key, without allocating: the
+// compiler does not copy key for a string conversion that is only switched
+// on. Every key LoadReport and commonField decode must be listed here.
+func knownKey(key []byte) string {
+	switch string(key) {
+	case "v":
+		return "v"
+	case "model":
+		return "model"
+	case "worker_id":
+		return "worker_id"
+	case "source":
+		return "source"
+	case "boot_id":
+		return "boot_id"
+	case "seq":
+		return "seq"
+	case "sent_at":
+		return "sent_at"
+	case "dp_rank":
+		return "dp_rank"
+	case "dp_start":
+		return "dp_start"
+	case "dp_size":
+		return "dp_size"
+	case "active_decode_blocks":
+		return "active_decode_blocks"
+	case "kv_total_blocks":
+		return "kv_total_blocks"
+	case "active_prefill_tokens":
+		return "active_prefill_tokens"
+	case "max_num_batched_tokens":
+		return "max_num_batched_tokens"
+	}
+	return ""
+}
 
 // LoadReport decodes and validates a LoadReport payload. Unknown keys are
 // ignored; a nil load field counts as absent.
@@ -98,8 +148,9 @@ func (dec *Decoder) Goodbye(data []byte) (Goodbye, error) {
 }
 
 // decodeMap walks the top-level map of data, calling field for every string
-// key with the decoder positioned at its value. field returns the required
-// bits it saw; it must consume the value unless it returns an error.
+// key with the decoder positioned at its value; a key that knownKey does not
+// know is passed as "". field returns the required bits it saw; it must
+// consume the value unless it returns an error.
 func (dec *Decoder) decodeMap(data []byte, field func(key string) (int, error)) (int, error) {
 	switch {
 	case len(data) == 0:
@@ -109,6 +160,8 @@ func (dec *Decoder) decodeMap(data []byte, field func(key string) (int, error)) 
 	}
 	dec.r.Reset(data)
 	dec.d.Reset(&dec.r)
+	dec.data = data
+	defer func() { dec.data = nil }()
 	c := data[0]
 	if !msgpcode.IsFixedMap(c) && c != msgpcode.Map16 && c != msgpcode.Map32 {
 		return 0, fmt.Errorf("events: decode: first byte 0x%02x: %w", c, ErrNotMap)
@@ -130,11 +183,11 @@ func (dec *Decoder) decodeMap(data []byte, field func(key string) (int, error)) 
 			}
 			continue
 		}
-		key, err := dec.d.DecodeString()
+		key, err := dec.rawString()
 		if err != nil {
-			return 0, malformed(err)
+			return 0, err
 		}
-		bits, err := field(key)
+		bits, err := field(knownKey(key))
 		if err != nil {
 			return 0, err
 		}
@@ -306,10 +359,16 @@ func (dec *Decoder) uint32Field(key string, dst *uint32) error {
 	return nil
 }
 
+// optionalField decodes a load field. A nil makes it absent, also when the
+// key came before with a value.
 func (dec *Decoder) optionalField(key string, dst *Optional) error {
-	ok, err := dec.uintValue(key, &dst.Value)
-	dst.Set = ok
-	return err
+	var v uint64
+	ok, err := dec.uintValue(key, &v)
+	if err != nil {
+		return err
+	}
+	*dst = Optional{Value: v, Set: ok}
+	return nil
 }
 
 // stringValue decodes a str value. A nil leaves dst alone and returns false.
@@ -321,10 +380,46 @@ func (dec *Decoder) stringValue(key string, dst *string) (bool, error) {
 	if !msgpcode.IsString(c) {
 		return false, fieldError(key, fmt.Errorf("want a string, got code 0x%02x: %w", c, ErrWrongType))
 	}
-	s, err := dec.d.DecodeString()
+	b, err := dec.rawString()
 	if err != nil {
-		return false, malformed(err)
+		return false, err
 	}
-	*dst = s
+	*dst = dec.intern(b)
 	return true, nil
+}
+
+// rawString consumes the str value that comes next and returns its bytes in
+// place in dec.data, without copying them. The caller has checked that a str
+// comes next.
+func (dec *Decoder) rawString() ([]byte, error) {
+	n, err := dec.d.DecodeBytesLen()
+	if err != nil {
+		return nil, malformed(err)
+	}
+	if n < 0 || n > dec.r.Len() {
+		return nil, malformed(io.ErrUnexpectedEOF)
+	}
+	start := len(dec.data) - dec.r.Len()
+	if _, err := dec.r.Seek(int64(n), io.SeekCurrent); err != nil {
+		return nil, malformed(err)
+	}
+	return dec.data[start : start+n], nil
+}
+
+// intern returns b as a string, reusing the string of an equal earlier value
+// so that the model and source names of a steady stream of reports cost no
+// allocation. Only strings short enough to be a valid name are kept, at most
+// maxInterned of them.
+func (dec *Decoder) intern(b []byte) string {
+	if s, ok := dec.strs[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	if len(s) <= max(MaxModelLen, MaxSourceLen) {
+		if len(dec.strs) >= maxInterned {
+			clear(dec.strs)
+		}
+		dec.strs[s] = s
+	}
+	return s
 }

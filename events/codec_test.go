@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"reflect"
@@ -267,5 +268,98 @@ func TestThresholdsValidate(t *testing.T) {
 		if err := tt.t.Validate(); (err == nil) != tt.ok {
 			t.Errorf("%d: err = %v, want ok=%v", i, err, tt.ok)
 		}
+	}
+}
+
+func TestDecodeNilAfterValueIsAbsent(t *testing.T) {
+	t.Parallel()
+	// msgpack maps may repeat a key; the last value counts. A nil after a
+	// value makes the load field absent, Value included, so that what is
+	// accepted encodes back to the same report.
+	str := func(b []byte, s string) []byte { return append(append(b, 0xa0|byte(len(s))), s...) }
+	b := []byte{0x88}
+	for _, k := range []string{"v", "worker_id", "boot_id", "seq", "sent_at"} {
+		b = append(str(b, k), 1)
+	}
+	b = str(str(b, "model"), "m")
+	b = append(str(b, "kv_total_blocks"), 5)
+	b = append(str(b, "kv_total_blocks"), 0xc0)
+	r, err := DecodeLoadReport(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.KVTotalBlocks != (Optional{}) {
+		t.Fatalf("kv_total_blocks = %+v, want absent", r.KVTotalBlocks)
+	}
+}
+
+func TestDecodeDoesNotAllocate(t *testing.T) {
+	data, err := MarshalLoadReport(&benchReport)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bye, err := MarshalGoodbye(&Goodbye{Model: benchReport.Model, WorkerID: 7, Source: "router/a", BootID: 1, Seq: 2, SentAt: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := NewDecoder()
+	if _, err := dec.LoadReport(data); err != nil { // interns the names
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _ = dec.LoadReport(data) }); n != 0 {
+		t.Errorf("LoadReport allocates %v times per report", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _ = dec.Goodbye(bye) }); n != 0 {
+		t.Errorf("Goodbye allocates %v times per goodbye", n)
+	}
+	if dec.data != nil {
+		t.Error("the decoder keeps the last payload")
+	}
+}
+
+func TestDecoderInternIsBounded(t *testing.T) {
+	t.Parallel()
+	dec := NewDecoder()
+	for i := range 3 * maxInterned {
+		r := LoadReport{Model: fmt.Sprintf("model-%d", i), WorkerID: 1, DPSize: 1, Source: SourceEngine, BootID: 1, Seq: 1}
+		b, err := MarshalLoadReport(&r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := dec.LoadReport(b)
+		if err != nil || got.Model != r.Model {
+			t.Fatalf("got %q, %v; want %q", got.Model, err, r.Model)
+		}
+		if len(dec.strs) > maxInterned {
+			t.Fatalf("%d strings interned, limit %d", len(dec.strs), maxInterned)
+		}
+	}
+	long := string(make([]byte, MaxModelLen+1))
+	dec.intern([]byte(long))
+	if _, ok := dec.strs[long]; ok {
+		t.Fatal("a string too long for any name was interned")
+	}
+}
+
+func TestKnownKeyCoversEncodedKeys(t *testing.T) {
+	t.Parallel()
+	b, err := MarshalLoadReport(&benchReport)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := map[string]any{}
+	if err := msgpackUnmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	if len(raw) != 14 {
+		t.Fatalf("benchReport encodes %d keys, want every one of the 14", len(raw))
+	}
+	for k := range raw {
+		if got := knownKey([]byte(k)); got != k {
+			t.Errorf("knownKey(%q) = %q", k, got)
+		}
+	}
+	if got := knownKey([]byte("v2")); got != "" {
+		t.Errorf("knownKey(v2) = %q, want \"\"", got)
 	}
 }

@@ -313,6 +313,11 @@ func (s *state) removeWorker(w *worker) {
 	s.timers.remove(w)
 	m.setClass(w, ClassNone, 0)
 	delete(m.workers, w.id)
+	if len(m.workers) == 0 {
+		// flush deletes the record. setClass did not mark it when w had
+		// said goodbye: w was in no list already.
+		m.dirty = true
+	}
 	s.markDirty(m)
 }
 

@@ -85,25 +85,3 @@ func (c Class) String() string {
 	}
 	return "none"
 }
-
-// WorkerBusy combines the ranks of a worker: busy only when every declared
-// rank is busy; a declared rank without fresh state counts as free. declared
-// is the number of declared ranks; busy holds the reasons of the ranks with
-// fresh state that are busy.
-func WorkerBusy(declared uint64, busy []Reason) Reason {
-	if declared == 0 || uint64(len(busy)) < declared {
-		return 0
-	}
-	var r Reason
-	var n uint64
-	for _, b := range busy {
-		if b != 0 {
-			n++
-			r |= b
-		}
-	}
-	if n < declared {
-		return 0
-	}
-	return r
-}

@@ -513,3 +513,24 @@ func TestQueries(t *testing.T) {
 		}
 	})
 }
+
+func TestRecordDeletedWhenLastWorkerLeft(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		h.send(h.report(1, 0, 10, 100))
+		h.expect(nil, []uint64{1}, nil)
+		h.bye(events.Goodbye{Model: testModel, WorkerID: 1, Source: events.SourceEngine, BootID: 1, Seq: h.seq + 1, SentAt: time.Now().UnixNano()})
+		h.expect(nil, nil, nil)
+
+		// The tombstone expires: no worker is left, so the key goes.
+		time.Sleep(DefaultGoneAfter)
+		synctest.Wait()
+		if _, ok := h.sink.record(testModel); ok {
+			t.Fatal("record of a model whose last worker said goodbye was not deleted")
+		}
+		recs, err := h.m.Records(t.Context(), "")
+		if err != nil || len(recs) != 0 {
+			t.Fatalf("records = %+v, %v; want none", recs, err)
+		}
+	})
+}
