@@ -60,6 +60,11 @@ type WriterConfig struct {
 	// its first write; records already in the bucket are left alone until
 	// then. 0 means no warm-up; negative is rejected.
 	Warmup time.Duration
+	// HoldUntil, when not nil, holds the first write also until it is
+	// closed: the monitor passes the threshold watcher's Synced channel, so
+	// that no record is computed with defaults in place of overrides not
+	// loaded yet. Heartbeats and shutdown writes wait for it too.
+	HoldUntil <-chan struct{}
 	// WriteTimeout bounds every KV operation. Must be > 0.
 	WriteTimeout time.Duration
 	// OrphanAfter is how long after opening the bucket the Writer deletes
@@ -397,13 +402,15 @@ func (r *writerRun) loop(ctx context.Context) {
 	hb := time.NewTicker(tick)
 	defer hb.Stop()
 	var warmC <-chan time.Time
-	if w.cfg.Warmup > 0 {
+	timerDone := w.cfg.Warmup == 0
+	if !timerDone {
 		t := time.NewTimer(w.cfg.Warmup)
 		defer t.Stop()
 		warmC = t.C
-	} else {
-		r.warm = true
 	}
+	holdC := w.cfg.HoldUntil
+	held := holdC != nil
+	r.warm = timerDone && !held
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
@@ -415,13 +422,18 @@ func (r *writerRun) loop(ctx context.Context) {
 			return
 		case <-w.wake:
 		case <-warmC:
-			warmC, r.warm = nil, true
-			w.log.Info("busylist: warm-up over, writing")
+			warmC, timerDone = nil, true
+		case <-holdC:
+			holdC, held = nil, false
 		case now := <-hb.C:
 			r.heartbeats(now, w.cfg.Heartbeat-tick)
 			r.orphans(now)
 		case <-retryC:
 			retryC = nil
+		}
+		if !r.warm && timerDone && !held {
+			r.warm = true
+			w.log.Info("busylist: warm-up over, writing")
 		}
 		r.merge()
 		if r.warm && retryC == nil && len(r.dirty) > 0 {

@@ -736,3 +736,35 @@ func TestWriterDeletesOrphans(t *testing.T) {
 		t.Errorf("Models = %q, want %q", got, want)
 	}
 }
+
+func TestWriterHoldsUntilReleased(t *testing.T) {
+	t.Parallel()
+	e := newWriterEnv(t)
+	kv := e.bucket(t, events.BusyBucket)
+	cfg := e.config()
+	cfg.Warmup = 0
+	cfg.Heartbeat = 50 * time.Millisecond
+	hold := make(chan struct{})
+	cfg.HoldUntil = hold
+	w, err := busylist.NewWriter(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writerGo(t, w.Run)
+	select {
+	case <-w.Ready():
+	case <-time.After(writerWait):
+		t.Fatal("writer not ready")
+	}
+	w.Set(writerSet("m", []uint64{1}, nil))
+	// Let the writer loop run a few heartbeat ticks: nothing may be written.
+	time.Sleep(4 * cfg.Heartbeat)
+	if _, _, ok := writerGet(t, kv, "m"); ok {
+		t.Fatal("record written while held")
+	}
+	close(hold)
+	writerEventually(t, "record written once released", func() bool {
+		_, _, ok := writerGet(t, kv, "m")
+		return ok
+	})
+}

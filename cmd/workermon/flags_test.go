@@ -81,7 +81,7 @@ func TestRunExitCodes(t *testing.T) {
 	}
 	// Configuration problems are reported before anything starts.
 	errOut.Reset()
-	if code := run([]string{"serve", "--stale-after", "0s", "--max-models", "0"}, &out, &errOut); code != 1 ||
+	if code := run([]string{"serve", "--stale-after", "0s", "--max-models", "0"}, &out, &errOut); code != 2 ||
 		!strings.Contains(errOut.String(), "stale-after") || !strings.Contains(errOut.String(), "max-models") {
 		t.Errorf("invalid config: exit %d, %q", code, errOut.String())
 	}

@@ -117,7 +117,16 @@ func (o serveOptions) validate() error {
 	if o.replicas < 1 || o.replicas > 5 {
 		errs = append(errs, fmt.Errorf("serve: --replicas %d must be 1 to 5", o.replicas))
 	}
-	return errors.Join(errs...)
+	if o.writer.Heartbeat <= 0 {
+		errs = append(errs, fmt.Errorf("serve: --heartbeat %v must be positive", o.writer.Heartbeat))
+	}
+	if o.writer.Warmup < 0 {
+		errs = append(errs, fmt.Errorf("serve: --warmup %v must not be negative", o.writer.Warmup))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return nil
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -38,6 +38,8 @@ type service struct {
 	nc       *nats.Conn
 	mon      *monitor.Monitor
 	writer   *busylist.Writer
+
+	thresholdsSynced <-chan struct{}
 	sub      *nats.Subscription
 	http     *http.Server
 
@@ -65,7 +67,7 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 	}()
 	url := o.natsURL
 	if url == "" {
-		o.embedded.Logger = log.With("component", "nats-server")
+		o.embedded.Logger = log
 		if svc.embedded, err = natsconn.StartEmbedded(ctx, o.embedded); err != nil {
 			return nil, err
 		}
@@ -82,25 +84,35 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 		return nil, fmt.Errorf("serve: jetstream: %w", err)
 	}
 
-	o.writer.JetStream = js
-	o.writer.Replicas = o.replicas
-	o.writer.Logger = log.With("component", "writer")
-	o.writer.Registerer = reg
-	o.writer.OrphanAfter = o.monitor.GoneAfter
-	if svc.writer, err = busylist.NewWriter(o.writer); err != nil {
-		return nil, err
+	// The registry bucket is created by its first user; creating it here too
+	// gives it this monitor's --replicas rather than an engine's default.
+	octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	if _, err := busylist.OpenBucket(octx, js, events.WorkersBucket, o.replicas); err != nil {
+		log.Warn("worker registry bucket not opened; engines will create it", "err", err)
 	}
-	o.monitor.Logger = log.With("component", "monitor")
-	o.monitor.Registerer = reg
-	if svc.mon, err = monitor.New(o.monitor, svc.writer); err != nil {
-		return nil, err
-	}
+	cancel()
 	tcfg := busylist.DefaultThresholdWatcherConfig()
 	tcfg.JetStream, tcfg.Replicas, tcfg.Registerer = js, o.replicas, reg
 	tcfg.Logger = log.With("component", "thresholds")
 	tcfg.OnChange = svc.applyOverride
 	watcher, err := busylist.NewThresholdWatcher(tcfg)
 	if err != nil {
+		return nil, err
+	}
+	svc.thresholdsSynced = watcher.Synced()
+	o.writer.JetStream = js
+	o.writer.Replicas = o.replicas
+	o.writer.Logger = log.With("component", "writer")
+	o.writer.Registerer = reg
+	o.writer.OrphanAfter = o.monitor.GoneAfter
+	// No record before the overrides are loaded: it would use the defaults.
+	o.writer.HoldUntil = svc.thresholdsSynced
+	if svc.writer, err = busylist.NewWriter(o.writer); err != nil {
+		return nil, err
+	}
+	o.monitor.Logger = log.With("component", "monitor")
+	o.monitor.Registerer = reg
+	if svc.mon, err = monitor.New(o.monitor, svc.writer); err != nil {
 		return nil, err
 	}
 
@@ -177,6 +189,11 @@ func (svc *service) ready(w http.ResponseWriter, _ *http.Request) {
 	default:
 		problems = append(problems, "busy bucket not open yet")
 	}
+	select {
+	case <-svc.thresholdsSynced:
+	default:
+		problems = append(problems, "threshold overrides not loaded yet")
+	}
 	if len(problems) > 0 {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		for _, p := range problems {
@@ -217,14 +234,20 @@ func goLoop(loop func(context.Context) error, log *slog.Logger, name string) (co
 	return cancel, done
 }
 
-// Close stops everything in order: intake, monitor loop (its final records
-// reach the writer), writer (final flush), watcher, HTTP, connection,
+// Close stops everything in order: intake and HTTP, monitor loop (its final
+// records reach the writer), writer (final flush), watcher, connection,
 // embedded server. It is idempotent and bounded by ctx.
 func (svc *service) Close(ctx context.Context) error {
 	svc.closeOnce.Do(func() {
 		var errs []error
 		if svc.sub != nil {
 			_ = svc.sub.Unsubscribe()
+		}
+		if svc.http != nil {
+			if err := svc.http.Shutdown(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("serve: HTTP shutdown: %w", err))
+			}
+			<-svc.httpDone
 		}
 		stop := func(cancel context.CancelFunc, done chan struct{}, name string) {
 			if cancel == nil {
@@ -240,12 +263,6 @@ func (svc *service) Close(ctx context.Context) error {
 		stop(svc.stopMonitor, svc.monitorDone, "monitor")
 		stop(svc.stopWriter, svc.writerDone, "writer")
 		stop(svc.stopWatcher, svc.watcherDone, "threshold watcher")
-		if svc.http != nil {
-			if err := svc.http.Shutdown(ctx); err != nil {
-				errs = append(errs, fmt.Errorf("serve: HTTP shutdown: %w", err))
-			}
-			<-svc.httpDone
-		}
 		if svc.nc != nil {
 			svc.nc.Close()
 		}
