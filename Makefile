@@ -30,3 +30,24 @@ run: ## run the monitor on its embedded NATS server
 
 clean: ## remove build output
 	rm -rf $(BIN)
+
+# Containers: images built offline (static binaries FROM scratch), the docker
+# compose stack, and the integration tests across containers.
+DOCKER              ?= docker
+COMPOSE             ?= $(shell $(DOCKER) compose version >/dev/null 2>&1 && echo "$(DOCKER) compose" || echo docker-compose)
+COMPOSE_PROJECT     ?= workermon
+INTEGRATION_TIMEOUT ?= 20m
+
+.PHONY: images up down integration
+
+images: ## build the images workermon:dev and workermon-nats:dev offline (FROM scratch)
+	GO="$(GO)" DOCKER="$(DOCKER)" ./deploy/images.sh
+
+up: images ## build the images, start the docker compose stack and wait until it is healthy
+	COMPOSE="$(COMPOSE)" COMPOSE_PROJECT_NAME=$(COMPOSE_PROJECT) ./deploy/compose-up.sh
+
+down: ## stop the docker compose stack and remove its containers, networks and volumes
+	COMPOSE_PROJECT_NAME=$(COMPOSE_PROJECT) $(COMPOSE) --profile load --profile observability down -v --remove-orphans
+
+integration: images ## the container tests (Docker needed; fails without it; never pulls)
+	$(GO) test -tags integration -count=1 -timeout $(INTEGRATION_TIMEOUT) -v ./integration/

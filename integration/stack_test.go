@@ -1,0 +1,416 @@
+//go:build integration
+
+package integration
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	mobynet "github.com/moby/moby/api/types/network"
+	"github.com/moby/moby/client"
+	"github.com/testcontainers/testcontainers-go"
+	tclog "github.com/testcontainers/testcontainers-go/log"
+	"github.com/testcontainers/testcontainers-go/network"
+	"github.com/testcontainers/testcontainers-go/wait"
+
+	"github.com/workermon/workermon/busylist"
+	"github.com/workermon/workermon/events"
+)
+
+// The model every simulated worker serves.
+const model = "Qwen/Qwen3-0.6B"
+
+// Short intervals, so that every fault shows within seconds.
+const (
+	warmup         = 2 * time.Second
+	heartbeat      = 500 * time.Millisecond
+	staleAfter     = 2 * time.Second
+	goneAfter      = 5 * time.Second
+	staleListAfter = 3 * time.Second // the router's
+)
+
+// startTimeout bounds the start of one container, wait strategy included.
+const startTimeout = 60 * time.Second
+
+// The NATS users of deploy/nats/compose.conf, with test passwords. The
+// monitor's user also serves the test's own client, which reads the
+// buckets.
+var passwords = map[string]string{
+	"engine":  "engine-integration",
+	"router":  "router-integration",
+	"monitor": "monitor-integration",
+}
+
+// stackOptions says what a test's stack is made of.
+type stackOptions struct {
+	// natsNodes is 1 for a single server (alias "nats") or 3 for a cluster
+	// (aliases "nats-1" to "nats-3").
+	natsNodes int
+	// sims is the number of simulated workers, ids 1 to sims, two DP ranks
+	// each, one container each (alias "sim<id>").
+	sims int
+	// router starts a router (alias "router").
+	router bool
+	// replicas of the buckets (monitor --replicas).
+	replicas int
+	// monitorArgs are added to the monitor's command line (thresholds).
+	monitorArgs []string
+	// simArgs are added to every sim's command line (capacity, speed).
+	simArgs []string
+}
+
+// stack is a running workermon deployment on a network of its own.
+type stack struct {
+	t       *testing.T
+	opts    stackOptions
+	net     *testcontainers.DockerNetwork
+	nats    []*testcontainers.DockerContainer
+	natsIDs []string // aliases, same order
+	monitor *testcontainers.DockerContainer
+	sims    map[uint64]*testcontainers.DockerContainer
+	router  *testcontainers.DockerContainer
+	natsURL string // the servers as seen inside the network
+}
+
+// startStack starts NATS, the monitor, the workers and the router, in that
+// order, each waited for, and removes them at the end of the test.
+func startStack(t *testing.T, opts stackOptions) *stack {
+	t.Helper()
+	start := time.Now()
+	s := &stack{t: t, opts: opts, sims: map[uint64]*testcontainers.DockerContainer{}}
+	ctx := t.Context()
+	nw, err := network.New(ctx)
+	if err != nil {
+		t.Fatalf("create network: %v", err)
+	}
+	s.net = nw
+	// Registered first, so it runs last: after every container is gone.
+	testcontainers.CleanupNetwork(t, nw)
+
+	s.startNATS()
+	if opts.replicas > 1 {
+		s.provisionWorkersBucket()
+	}
+	s.monitor = s.run("monitor", workermonImage, s.monitorCmd(), []string{"8090/tcp"},
+		wait.ForHTTP("/readyz").WithPort("8090/tcp"), map[string]string{
+			"WORKERMON_NATS_USER": "monitor", "WORKERMON_NATS_PASSWORD": passwords["monitor"]})
+	if t.Failed() {
+		t.FailNow()
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for id := uint64(1); id <= uint64(opts.sims); id++ {
+		wg.Go(func() {
+			c := s.startSim(id)
+			mu.Lock()
+			s.sims[id] = c
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	if opts.router {
+		s.router = s.run("router", workermonImage, []string{"router",
+			"--nats-url", s.natsURL, "--http-addr", "0.0.0.0:8080",
+			"--stale-list-after", staleListAfter.String(), "--replicas", strconv.Itoa(max(opts.replicas, 1)),
+			"--log-level", "debug"},
+			[]string{"8080/tcp"}, wait.ForHTTP("/readyz").WithPort("8080/tcp"), map[string]string{
+				"WORKERMON_NATS_USER": "router", "WORKERMON_NATS_PASSWORD": passwords["router"]})
+		if t.Failed() {
+			t.FailNow()
+		}
+	}
+	t.Logf("stack up in %v: %d NATS node(s), monitor, %d worker(s), router=%v on network %s",
+		time.Since(start).Round(time.Millisecond), len(s.nats), opts.sims, opts.router, nw.Name)
+	return s
+}
+
+func (s *stack) monitorCmd() []string {
+	cmd := []string{"serve", "--nats-url", s.natsURL, "--http-addr", "0.0.0.0:8090",
+		"--monitor-id", "monitor-it", "--replicas", strconv.Itoa(max(s.opts.replicas, 1)),
+		"--warmup", warmup.String(), "--heartbeat", heartbeat.String(),
+		"--stale-after", staleAfter.String(), "--gone-after", goneAfter.String()}
+	return append(cmd, s.opts.monitorArgs...)
+}
+
+// startNATS starts the server or the three nodes of a cluster, at once (a
+// cluster node is healthy only once a quorum is up), with the per-role
+// users of deploy/nats/compose.conf.
+func (s *stack) startNATS() {
+	n := max(s.opts.natsNodes, 1)
+	s.natsIDs = make([]string, n)
+	s.nats = make([]*testcontainers.DockerContainer, n)
+	var urls, routes []string
+	for i := range n {
+		s.natsIDs[i] = "nats"
+		if n > 1 {
+			s.natsIDs[i] = fmt.Sprintf("nats-%d", i+1)
+		}
+		urls = append(urls, "nats://"+s.natsIDs[i]+":4222")
+		routes = append(routes, "nats://"+s.natsIDs[i]+":6222")
+	}
+	s.natsURL = strings.Join(urls, ",")
+	env := map[string]string{}
+	for user, pw := range passwords {
+		env["WORKERMON_NATS_"+strings.ToUpper(user)+"_PASSWORD"] = pw
+	}
+	var wg sync.WaitGroup
+	for i := range n {
+		cmd := []string{"--config", "/etc/nats/workermon.conf", "--name", s.natsIDs[i]}
+		if n > 1 {
+			cmd = append(cmd, "--cluster_name", "workermon-it", "--cluster", "nats://0.0.0.0:6222",
+				"--routes", strings.Join(routes, ","))
+		}
+		wg.Go(func() {
+			s.nats[i] = s.run(s.natsIDs[i], natsImage, cmd, []string{"4222/tcp", "8222/tcp"},
+				wait.ForHTTP("/healthz").WithPort("8222/tcp"), env,
+				testcontainers.WithFiles(testcontainers.ContainerFile{
+					HostFilePath:      "../deploy/nats/compose.conf",
+					ContainerFilePath: "/etc/nats/workermon.conf",
+					FileMode:          0o644,
+				}))
+		})
+	}
+	wg.Wait()
+	if s.t.Failed() {
+		s.t.FailNow()
+	}
+	for i, c := range s.nats {
+		s.checkNoViolations(s.natsIDs[i], c)
+	}
+}
+
+// provisionWorkersBucket creates the worker registry's bucket at the
+// stack's replicas before any worker starts, as an operator of a cluster
+// does: the monitor creates the busy and thresholds buckets with its
+// --replicas, but the registry bucket is created by the first engine to
+// register, and `workermon sim` creates it with one replica.
+func (s *stack) provisionWorkersBucket() {
+	obs := s.observe()
+	defer obs.close()
+	cfg := busylist.BucketConfig(events.WorkersBucket, s.opts.replicas)
+	waitFor(s.t, 30*time.Second, "bucket "+cfg.Bucket+" provisioned at R"+strconv.Itoa(cfg.Replicas), func() (bool, string) {
+		ctx, cancel := context.WithTimeout(s.t.Context(), opTimeout)
+		defer cancel()
+		if _, err := obs.js.CreateKeyValue(ctx, cfg); err != nil {
+			return false, err.Error()
+		}
+		return true, fmt.Sprintf("history %d, TTL %v, %d replicas", cfg.History, cfg.TTL, cfg.Replicas)
+	})
+}
+
+// startSim starts worker id: one container, one worker with two DP ranks,
+// registered as http://sim<id>:8000.
+func (s *stack) startSim(id uint64) *testcontainers.DockerContainer {
+	name := fmt.Sprintf("sim%d", id)
+	cmd := []string{"sim", "--nats-url", s.natsURL, "--model", model, "--workers", "1", "--ranks", "2",
+		"--worker-id-base", strconv.FormatUint(id, 10), "--host", "0.0.0.0", "--port-base", "8000",
+		"--advertise-host", name}
+	cmd = append(cmd, s.opts.simArgs...)
+	return s.run(name, workermonImage, cmd, []string{"8000/tcp"},
+		wait.ForHTTP("/health").WithPort("8000/tcp"), map[string]string{
+			"WORKERMON_NATS_USER": "engine", "WORKERMON_NATS_PASSWORD": passwords["engine"]})
+}
+
+// run starts one container on the stack's network under alias name and
+// waits for it; on failure of the test its last log lines are shown.
+func (s *stack) run(name, image string, cmd, ports []string, ready wait.Strategy, env map[string]string,
+	more ...testcontainers.ContainerCustomizer) *testcontainers.DockerContainer {
+	t := s.t
+	start := time.Now()
+	opts := []testcontainers.ContainerCustomizer{
+		testcontainers.WithCmd(cmd...),
+		testcontainers.WithExposedPorts(ports...),
+		testcontainers.WithEnv(env),
+		network.WithNetwork([]string{name}, s.net),
+		testcontainers.WithWaitStrategyAndDeadline(startTimeout, ready),
+		testcontainers.WithLogger(tclog.NewNoopLogger()),
+		testcontainers.WithLabels(map[string]string{"workermon.integration": t.Name()}),
+	}
+	c, err := testcontainers.Run(t.Context(), image, append(opts, more...)...)
+	testcontainers.CleanupContainer(t, c)
+	if c != nil {
+		// Runs before the removal registered just above.
+		t.Cleanup(func() {
+			if t.Failed() {
+				showLogs(t, name, c, 60)
+			}
+		})
+	}
+	if err != nil {
+		t.Errorf("start %s (%s %s): %v", name, image, strings.Join(cmd, " "), err)
+		return nil
+	}
+	t.Logf("started %s in %v: %s %s", name, time.Since(start).Round(time.Millisecond), image, strings.Join(cmd, " "))
+	return c
+}
+
+// checkNoViolations fails the test, at its end, if the NATS server logged a
+// permissions violation: every role must get by with its own subjects.
+func (s *stack) checkNoViolations(name string, c *testcontainers.DockerContainer) {
+	s.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		lines, err := logLines(ctx, c)
+		if err != nil {
+			s.t.Logf("logs of %s: %v", name, err)
+			return
+		}
+		var bad []string
+		for _, l := range lines {
+			if strings.Contains(l, "Violation") {
+				bad = append(bad, l)
+			}
+		}
+		if len(bad) > 0 {
+			s.t.Errorf("%s logged %d permissions violation(s), first: %s", name, len(bad), bad[0])
+		} else {
+			s.t.Logf("%s: no permissions violation in %d log lines", name, len(lines))
+		}
+	})
+}
+
+// logLines returns a container's log, stdout and stderr, line by line.
+func logLines(ctx context.Context, c *testcontainers.DockerContainer) ([]string, error) {
+	rc, err := c.Logs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	var lines []string
+	sc := bufio.NewScanner(rc)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	return lines, sc.Err()
+}
+
+// showLogs logs the last n lines of a container's log.
+func showLogs(t *testing.T, name string, c *testcontainers.DockerContainer, n int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lines, err := logLines(ctx, c)
+	if err != nil {
+		t.Logf("logs of %s: %v", name, err)
+		return
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	t.Logf("--- last %d log lines of %s ---\n%s", len(lines), name, strings.Join(lines, "\n"))
+}
+
+// endpoint returns host:port of a container's port as mapped on this host.
+func endpoint(t *testing.T, c *testcontainers.DockerContainer, port string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ep, err := c.PortEndpoint(ctx, port, "")
+	if err != nil {
+		t.Fatalf("mapped port %s: %v", port, err)
+	}
+	return ep
+}
+
+// lifecycle is what the tests check of a container that must survive a
+// fault: still running, never restarted.
+type lifecycle struct {
+	running      bool
+	startedAt    string
+	restartCount int
+}
+
+func inspectLifecycle(t *testing.T, c *testcontainers.DockerContainer) lifecycle {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := docker.ContainerInspect(ctx, c.GetContainerID(), client.ContainerInspectOptions{})
+	if err != nil {
+		t.Fatalf("inspect %s: %v", c.GetContainerID(), err)
+	}
+	st := res.Container.State
+	return lifecycle{running: st.Running, startedAt: st.StartedAt, restartCount: res.Container.RestartCount}
+}
+
+// requireSurvived fails unless c runs in the same process as before (same
+// start time) and was never restarted.
+func requireSurvived(t *testing.T, name string, c *testcontainers.DockerContainer, before lifecycle) {
+	t.Helper()
+	now := inspectLifecycle(t, c)
+	if !now.running || now.startedAt != before.startedAt || now.restartCount != 0 {
+		t.Errorf("%s did not survive: running=%v started %s (was %s) restarts=%d",
+			name, now.running, now.startedAt, before.startedAt, now.restartCount)
+		return
+	}
+	t.Logf("%s survived: running since %s, restart count 0", name, now.startedAt)
+}
+
+// kill sends SIGKILL: no goodbye, no final flush.
+func kill(t *testing.T, name string, c *testcontainers.DockerContainer) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := docker.ContainerKill(ctx, c.GetContainerID(), client.ContainerKillOptions{Signal: "KILL"}); err != nil {
+		t.Fatalf("kill %s: %v", name, err)
+	}
+	t.Logf("killed %s (SIGKILL)", name)
+}
+
+// disconnect cuts a container from the stack's network.
+func (s *stack) disconnect(name string, c *testcontainers.DockerContainer) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := docker.NetworkDisconnect(ctx, s.net.ID, client.NetworkDisconnectOptions{
+		Container: c.GetContainerID(), Force: true}); err != nil {
+		s.t.Fatalf("disconnect %s: %v", name, err)
+	}
+	s.t.Logf("cut %s from network %s", name, s.net.Name)
+}
+
+// reconnect puts a container back on the stack's network under its alias.
+func (s *stack) reconnect(name string, c *testcontainers.DockerContainer) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := docker.NetworkConnect(ctx, s.net.ID, client.NetworkConnectOptions{
+		Container: c.GetContainerID(), EndpointConfig: &mobynet.EndpointSettings{Aliases: []string{name}}}); err != nil {
+		s.t.Fatalf("reconnect %s: %v", name, err)
+	}
+	s.t.Logf("reconnected %s to network %s", name, s.net.Name)
+}
+
+// waitFor polls cond every 100 ms until it holds or timeout passes; state
+// describes what was seen, for the log. It returns how long it took.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) time.Duration {
+	t.Helper()
+	start := time.Now()
+	deadline := start.Add(timeout)
+	var state string
+	for {
+		var ok bool
+		ok, state = cond()
+		if ok {
+			d := time.Since(start).Round(time.Millisecond)
+			t.Logf("%s after %v: %s", what, d, state)
+			return d
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not %s within %v; last seen: %s", what, timeout, state)
+		}
+		select {
+		case <-t.Context().Done():
+			t.Fatalf("not %s: %v", what, t.Context().Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
