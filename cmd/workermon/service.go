@@ -40,8 +40,8 @@ type service struct {
 	writer   *busylist.Writer
 
 	thresholdsSynced <-chan struct{}
-	sub      *nats.Subscription
-	http     *http.Server
+	sub              *nats.Subscription
+	http             *http.Server
 
 	// Each loop has its own context so that Close can stop them in order.
 	stopMonitor, stopWriter, stopWatcher context.CancelFunc
