@@ -41,12 +41,6 @@ func ByeSubject(prefix, model string, workerID uint64) string {
 // on one subscription keep the order in which one publisher sent them.
 func Wildcard(prefix string) string { return prefix + ".>" }
 
-// LoadWildcard subscribes to every report under prefix.
-func LoadWildcard(prefix string) string { return prefix + ".load.*.*.*" }
-
-// ByeWildcard subscribes to every goodbye under prefix.
-func ByeWildcard(prefix string) string { return prefix + ".bye.*.*" }
-
 // ValidatePrefix checks a subject prefix: one or more non-empty tokens
 // without wildcards or white space.
 func ValidatePrefix(prefix string) error {

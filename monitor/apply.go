@@ -62,7 +62,6 @@ func (s *state) handle(msg message, now time.Time) {
 		s.reject(events.Reason(err), msg.subject, err)
 		return
 	}
-	start := time.Now()
 	switch subj.Kind {
 	case events.KindLoad:
 		r, err := s.dec.LoadReport(msg.data)
@@ -77,7 +76,7 @@ func (s *state) handle(msg message, now time.Time) {
 			s.reject(reason, msg.subject, nil)
 			return
 		}
-		s.metrics.accepted.WithLabelValues("load").Inc()
+		s.metrics.acceptedLoad.Inc()
 		s.metrics.lag.Observe(max(0, float64(now.UnixNano()-r.SentAt)/1e9))
 	case events.KindBye:
 		g, err := s.dec.Goodbye(msg.data)
@@ -92,9 +91,9 @@ func (s *state) handle(msg message, now time.Time) {
 			s.reject(reason, msg.subject, nil)
 			return
 		}
-		s.metrics.accepted.WithLabelValues("goodbye").Inc()
+		s.metrics.acceptedBye.Inc()
 	}
-	s.metrics.recompute.Observe(time.Since(start).Seconds())
+	s.metrics.recompute.Observe(time.Since(now).Seconds())
 }
 
 // reject counts a rejected message and logs at a limited rate.

@@ -8,12 +8,13 @@ import (
 
 // metrics are the monitor's Prometheus collectors.
 type metrics struct {
-	accepted  *prometheus.CounterVec
-	rejected  *prometheus.CounterVec
-	workers   *prometheus.GaugeVec
-	models    prometheus.Gauge
-	recompute prometheus.Histogram
-	lag       prometheus.Histogram
+	accepted                  *prometheus.CounterVec
+	acceptedLoad, acceptedBye prometheus.Counter
+	rejected                  *prometheus.CounterVec
+	workers                   *prometheus.GaugeVec
+	models                    prometheus.Gauge
+	recompute                 prometheus.Histogram
+	lag                       prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, error) {
@@ -45,6 +46,7 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 			Buckets: prometheus.ExponentialBuckets(50e-6, 4, 10),
 		}),
 	}
+	m.acceptedLoad, m.acceptedBye = m.accepted.WithLabelValues("load"), m.accepted.WithLabelValues("goodbye")
 	if reg == nil {
 		return m, nil
 	}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,6 +45,7 @@ const (
 var (
 	ErrInvalidConfig = errors.New("invalid monitor config")
 	ErrStopped       = errors.New("monitor stopped")
+	ErrRunning       = errors.New("monitor already running")
 )
 
 // Config configures a Monitor.
@@ -126,6 +128,7 @@ type Monitor struct {
 	in      chan message
 	cmds    chan func(*state)
 	done    chan struct{} // closed when Run returns
+	started atomic.Bool
 }
 
 // New returns a Monitor that reports to sink.
@@ -195,9 +198,12 @@ func (m *Monitor) do(ctx context.Context, fn func(*state)) error {
 	}
 }
 
-// Run owns the state until ctx ends; it returns ctx's cause. Run must be
-// called once.
+// Run owns the state until ctx ends; it returns ctx's cause. A second call
+// returns ErrRunning.
 func (m *Monitor) Run(ctx context.Context) error {
+	if !m.started.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
 	defer close(m.done)
 	s := newState(m.cfg, m.sink, m.metrics, m.log)
 	timer := time.NewTimer(time.Hour)

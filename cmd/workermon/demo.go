@@ -73,18 +73,13 @@ func defaultDemoOptions() demoOptions {
 }
 
 func (o *demoOptions) flags(fs *flag.FlagSet) {
-	fs.StringVar(&o.serve.embedded.Addr, "nats-addr", o.serve.embedded.Addr, "listen address of the embedded NATS server")
+	fs.StringVar(&o.serve.embedded.Addr, "embedded-nats-addr", o.serve.embedded.Addr, "listen address of the embedded NATS server")
 	fs.StringVar(&o.serve.embedded.DataDir, "data-dir", o.serve.embedded.DataDir, "JetStream store (empty: a temporary directory removed at exit)")
 	fs.StringVar(&o.serve.httpAddr, "monitor-addr", o.serve.httpAddr, "listen address of the monitor's API and metrics")
 	fs.StringVar(&o.router.httpAddr, "router-addr", o.router.httpAddr, "listen address of the router")
 	fs.StringVar(&o.fleet.Model, "model", o.fleet.Model, "model the simulated workers serve")
 	fs.IntVar(&o.fleet.Workers, "workers", o.fleet.Workers, "number of simulated workers")
-	fs.Func("ranks", fmt.Sprintf("data-parallel ranks per worker (default %d)", o.fleet.Ranks), func(s string) error {
-		var v uint32
-		_, err := fmt.Sscan(s, &v)
-		o.fleet.Ranks = v
-		return err
-	})
+	fs.Var(uint32Value{&o.fleet.Ranks}, "ranks", "data-parallel ranks per worker")
 	fs.Var(optFloat{&o.serve.monitor.Defaults.ActiveDecodeBlocks}, "active-decode-blocks-threshold", "KV-cache threshold")
 	fs.Var(optUint{&o.serve.monitor.Defaults.ActivePrefillTokens}, "active-prefill-tokens-threshold", "prefill threshold in tokens")
 	fs.Float64Var(&o.load.MinRPS, "min-rps", o.load.MinRPS, "lowest request rate of the ramp")
@@ -245,13 +240,12 @@ func (d *demo) summary(gen *loadgen.Generator) string {
 			float64(win.Errors+win.OtherStatus)/secs, round(win.Latency.P50), round(win.Latency.P99))
 	}
 	rec, _, ok := d.router.watcher.Record(d.model)
-	dec := d.router.watcher.Decide(d.model)
 	if !ok {
 		fmt.Fprintf(&b, "%s: no record yet", d.model)
 		return b.String()
 	}
 	fmt.Fprintf(&b, "%s busy %v free %v stale %v", d.model, rec.Busy, rec.Free, rec.Stale)
-	if dec.Reason == busylist.ReasonAllBusy {
+	if d.router.watcher.Decide(d.model).Reason == busylist.ReasonAllBusy {
 		b.WriteString("  ALL BUSY → 503")
 	}
 	return b.String()

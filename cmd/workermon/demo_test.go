@@ -61,10 +61,6 @@ func TestClosedLoop(t *testing.T) {
 		return rec.AllBusy && gen.Stats().Total.Unavailable > 0
 	})
 	t.Logf("overloaded after %v: %+v", time.Since(start).Round(time.Millisecond), gen.Stats().Total)
-	if code := complete(t, target, o.fleet.Model); code != http.StatusServiceUnavailable {
-		// The list may have flipped back for an instant; the generator saw 503s already.
-		t.Logf("a request during overload answered %d", code)
-	}
 
 	// Recovery: load gone, work drains, workers free, requests admitted.
 	stopLoad()
@@ -95,7 +91,7 @@ func complete(t *testing.T, target, model string) int {
 
 func TestDemoCommandRuns(t *testing.T) {
 	var out strings.Builder
-	code := run([]string{"demo", "--nats-addr", "127.0.0.1:0", "--monitor-addr", "127.0.0.1:0", "--router-addr", "127.0.0.1:0",
+	code := run([]string{"demo", "--embedded-nats-addr", "127.0.0.1:0", "--monitor-addr", "127.0.0.1:0", "--router-addr", "127.0.0.1:0",
 		"--duration", "3s", "--interval", "1s", "--workers", "1", "--max-rps", "5"}, &out, io.Discard)
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, out.String())

@@ -14,13 +14,13 @@ import (
 // errUsage marks errors in the command line or environment.
 var errUsage = errors.New("usage")
 
-// EnvPrefix prefixes the environment variable of every flag:
+// envPrefix prefixes the environment variable of every flag:
 // --stale-after is WORKERMON_STALE_AFTER.
-const EnvPrefix = "WORKERMON_"
+const envPrefix = "WORKERMON_"
 
 // envName returns the environment variable that sets flag name.
 func envName(name string) string {
-	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
 // parseFlags parses args, then sets every flag not given on the command line
@@ -30,7 +30,7 @@ func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer, aliases map[s
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: workermon %s [flags]\n\nEvery flag can also be set by the environment variable %s<FLAG>\n(upper case, '-' as '_'), e.g. --stale-after as %s.\n\n",
-			fs.Name(), EnvPrefix, envName("stale-after"))
+			fs.Name(), envPrefix, envName("stale-after"))
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -106,5 +106,24 @@ func (o optUint) Set(s string) error {
 		return fmt.Errorf("%q is not a non-negative integer", s)
 	}
 	*o.p = &v
+	return nil
+}
+
+// uint32Value is a flag of type uint32.
+type uint32Value struct{ p *uint32 }
+
+func (v uint32Value) String() string {
+	if v.p == nil {
+		return "0"
+	}
+	return strconv.FormatUint(uint64(*v.p), 10)
+}
+
+func (v uint32Value) Set(s string) error {
+	n, err := strconv.ParseUint(s, 10, 32)
+	if err != nil {
+		return fmt.Errorf("%q is not a number from 0 to %d", s, uint32(math.MaxUint32))
+	}
+	*v.p = uint32(n)
 	return nil
 }

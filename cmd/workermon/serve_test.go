@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/publisher"
@@ -180,8 +181,7 @@ func TestServeHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "rejection counted", func() bool {
-		_, body := get("/metrics")
-		return strings.Contains(body, `workermon_reports_rejected_total{reason="not_map"} 1`)
+		return metricValue(t, svc.reg, "workermon_reports_rejected_total", "reason", "not_map") == 1
 	})
 	_, body := get("/metrics")
 	for _, name := range []string{"workermon_busy_writer_epoch", "workermon_recompute_seconds", "go_goroutines"} {
@@ -189,4 +189,30 @@ func TestServeHTTP(t *testing.T) {
 			t.Errorf("/metrics lacks %s", name)
 		}
 	}
+}
+
+// metricValue returns the value of the counter or gauge name with the label
+// pair given, read through the registry; -1 when absent.
+func metricValue(t *testing.T, g prometheus.Gatherer, name, label, value string) float64 {
+	t.Helper()
+	families, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					if c := m.GetCounter(); c != nil {
+						return c.GetValue()
+					}
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return -1
 }

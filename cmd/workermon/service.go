@@ -31,6 +31,7 @@ const subscriptionPendingLimit = 1 << 20
 // the busy-set writer, the threshold watcher and the HTTP server.
 type service struct {
 	log      *slog.Logger
+	reg      *prometheus.Registry
 	natsURL  string
 	httpAddr string
 
@@ -57,7 +58,7 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	svc := &service{log: log}
+	svc := &service{log: log, reg: reg}
 	defer func() {
 		if err != nil {
 			cctx, cancel := context.WithTimeout(context.Background(), DefaultShutdownTimeout)

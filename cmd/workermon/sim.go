@@ -29,12 +29,7 @@ func (o *simOptions) flags(fs *flag.FlagSet) {
 	f := &o.fleet
 	fs.StringVar(&f.Model, "model", f.Model, "model the workers serve")
 	fs.IntVar(&f.Workers, "workers", f.Workers, "number of workers")
-	var ranks uint = uint(f.Ranks)
-	fs.Func("ranks", fmt.Sprintf("data-parallel ranks per worker (default %d)", ranks), func(s string) error {
-		v, err := strconv.ParseUint(s, 10, 32)
-		f.Ranks = uint32(v)
-		return err
-	})
+	fs.Var(uint32Value{&f.Ranks}, "ranks", "data-parallel ranks per worker")
 	fs.Uint64Var(&f.BaseWorkerID, "worker-id-base", f.BaseWorkerID, "id of the first worker; worker i has id base+i")
 	fs.StringVar(&f.Host, "host", f.Host, "host the workers listen on")
 	fs.IntVar(&f.BasePort, "port-base", f.BasePort, "port of the first worker; worker i listens on base+i (0: random ports)")
