@@ -209,7 +209,7 @@ func (s *state) addModel(name string) *model {
 	if len(s.seen) < maxSeenModels {
 		s.seen[name] = struct{}{}
 	}
-	m := &model{name: name, workers: make(map[uint64]*worker)}
+	m := &model{name: name, workers: make(map[uint64]*worker), reasons: make(map[string]string)}
 	m.thresholds = s.thresholdsOf(name)
 	s.models[name] = m
 	s.metrics.models.Set(float64(len(s.models)))

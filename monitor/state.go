@@ -2,6 +2,7 @@ package monitor
 
 import (
 	"cmp"
+	"maps"
 	"container/heap"
 	"slices"
 	"time"
@@ -72,7 +73,8 @@ type model struct {
 	thresholds        events.Thresholds // in force: defaults merged with the override
 	workers           map[uint64]*worker
 	busy, free, stale []uint64
-	dirty             bool // the record changed since the last flush
+	reasons           map[string]string // of the busy workers, by decimal id
+	dirty             bool              // the record changed since the last flush
 	queued            bool // in state.dirty
 }
 
@@ -104,6 +106,11 @@ func (m *model) setClass(w *worker, c Class, r Reason) {
 			*l = slices.Insert(*l, i, w.id)
 		}
 	}
+	if c == ClassBusy {
+		m.reasons[w.idText] = r.String()
+	} else if w.class == ClassBusy {
+		delete(m.reasons, w.idText)
+	}
 	w.class, w.reason = c, r
 	m.dirty = true
 }
@@ -111,18 +118,13 @@ func (m *model) setClass(w *worker, c Class, r Reason) {
 // record returns the content of the model's record. Everything in it is
 // freshly allocated: the Sink keeps it.
 func (m *model) record() events.BusySet {
-	reasons := make(map[string]string, len(m.busy))
-	for _, id := range m.busy {
-		w := m.workers[id]
-		reasons[w.idText] = w.reason.String()
-	}
 	return events.BusySet{
 		Model:      m.name,
 		Busy:       slices.Clone(m.busy),
 		Free:       slices.Clone(m.free),
 		Stale:      slices.Clone(m.stale),
 		AllBusy:    len(m.free) == 0 && len(m.busy) > 0,
-		Reasons:    reasons,
+		Reasons:    maps.Clone(m.reasons),
 		Thresholds: m.thresholds,
 	}
 }
