@@ -65,6 +65,12 @@ type WriterConfig struct {
 	// that no record is computed with defaults in place of overrides not
 	// loaded yet. Heartbeats and shutdown writes wait for it too.
 	HoldUntil <-chan struct{}
+	// OnExisting, when not nil, is called once from Run after the bucket is
+	// read, before the warm-up ends, with the records found there that
+	// decode. The monitor seeds its state with them, so that after the
+	// warm-up the workers it has not heard from are listed stale rather
+	// than left in a dead monitor's record.
+	OnExisting func([]events.BusySet)
 	// WriteTimeout bounds every KV operation. Must be > 0.
 	WriteTimeout time.Duration
 	// OrphanAfter is how long after opening the bucket the Writer deletes
@@ -274,7 +280,8 @@ type writerRun struct {
 	changed  int                      // records with changed set
 	warm     bool
 	openedAt time.Time
-	orphaned bool // orphans have been dealt with
+	orphaned bool             // orphans have been dealt with
+	found    []events.BusySet // records read at start, for OnExisting
 	bo       backoff
 	elog     *errLog
 }
@@ -311,6 +318,10 @@ func (r *writerRun) open(ctx context.Context) error {
 			w.metrics.epoch.Set(float64(r.epoch))
 			w.log.Info("busylist: writer started", "epoch", r.epoch, "records", n,
 				"monitor_id", w.cfg.MonitorID, "warmup", w.cfg.Warmup)
+			if w.cfg.OnExisting != nil {
+				w.cfg.OnExisting(r.found)
+			}
+			r.found = nil
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -358,12 +369,16 @@ func (r *writerRun) scan(ctx context.Context) (n int, maxEpoch uint64, err error
 	sctx, cancel := context.WithTimeout(ctx, w.cfg.WriteTimeout)
 	defer cancel()
 	found := make(map[string]struct{})
+	r.found = r.found[:0]
 	err = readBucket(sctx, r.kv, func(e jetstream.KeyValueEntry) {
 		if epoch, ok := r.existing(e); ok {
 			maxEpoch = max(maxEpoch, epoch)
 		}
 		if model, err := events.ParseModelKey(e.Key()); err == nil {
 			found[model] = struct{}{}
+			if rec, err := events.DecodeBusySet(e.Value()); err == nil && rec.Model == model {
+				r.found = append(r.found, rec)
+			}
 		} else {
 			w.log.Warn("busylist: ignoring a key that is not a model key", "key", e.Key(), "err", err)
 		}

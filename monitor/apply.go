@@ -124,8 +124,7 @@ func (s *state) applyReport(r *events.LoadReport, now time.Time) string {
 		if len(m.workers) >= s.cfg.MaxWorkersPerModel {
 			return rejectWorkers
 		}
-		w = &worker{id: r.WorkerID, idText: strconv.FormatUint(r.WorkerID, 10), model: m, sources: make(map[string]*sourceState), heapIndex: -1}
-		m.workers[r.WorkerID] = w
+		w = s.newWorker(m, r.WorkerID)
 	}
 	if w.left {
 		if r.Source != events.SourceEngine || r.BootID == w.leftBoot || r.SentAt <= w.leftSentAt {
@@ -203,6 +202,12 @@ func (s *state) applyGoodbye(g *events.Goodbye, now time.Time) string {
 	s.markDirty(m)
 	s.timers.scheduleAt(w, now.Add(s.cfg.GoneAfter))
 	return ""
+}
+
+func (s *state) newWorker(m *model, id uint64) *worker {
+	w := &worker{id: id, idText: strconv.FormatUint(id, 10), model: m, sources: make(map[string]*sourceState), heapIndex: -1}
+	m.workers[id] = w
+	return w
 }
 
 func (s *state) addModel(name string) *model {
@@ -318,6 +323,33 @@ func (s *state) removeWorker(w *worker) {
 		m.dirty = true
 	}
 	s.markDirty(m)
+}
+
+// seed adds the workers of records not known yet, without state: stale,
+// and removed after gone-after.
+func (s *state) seed(records []events.BusySet, now time.Time) {
+	for _, rec := range records {
+		if events.ValidateModel(rec.Model) != nil {
+			continue
+		}
+		m := s.models[rec.Model]
+		if m == nil {
+			if len(s.models) >= s.cfg.MaxModels {
+				continue
+			}
+			m = s.addModel(rec.Model)
+		}
+		for _, list := range [][]uint64{rec.Busy, rec.Free, rec.Stale} {
+			for _, id := range list {
+				if m.workers[id] != nil || len(m.workers) >= s.cfg.MaxWorkersPerModel {
+					continue
+				}
+				w := s.newWorker(m, id)
+				s.evaluate(w, now)
+				s.timers.scheduleAt(w, now.Add(s.cfg.GoneAfter))
+			}
+		}
+	}
 }
 
 // setOverride replaces a model's override (nil clears it) and recomputes

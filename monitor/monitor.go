@@ -180,6 +180,15 @@ func (m *Monitor) SetOverride(ctx context.Context, model string, t *events.Thres
 	return m.do(ctx, func(s *state) { s.setOverride(model, t) })
 }
 
+// Seed tells the monitor of the workers listed in records a previous
+// monitor wrote. Each one it has not heard from yet is kept as stale —
+// neither busy nor free — and removed after gone-after unless it reports,
+// so that after the warm-up the records show this monitor's view instead of
+// keeping a dead monitor's lists. Limits apply as to reports.
+func (m *Monitor) Seed(ctx context.Context, records []events.BusySet) error {
+	return m.do(ctx, func(s *state) { s.seed(records, time.Now()) })
+}
+
 // do runs fn on the loop goroutine and waits for it.
 func (m *Monitor) do(ctx context.Context, fn func(*state)) error {
 	ran := make(chan struct{})

@@ -534,3 +534,31 @@ func TestRecordDeletedWhenLastWorkerLeft(t *testing.T) {
 		}
 	})
 }
+
+func TestSeedFromPreviousRecords(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		prev := []events.BusySet{
+			{Model: testModel, Busy: []uint64{1}, Free: []uint64{2}, AllBusy: false},
+			{Model: "\xff bad", Busy: []uint64{9}},
+		}
+		if err := h.m.Seed(context.Background(), prev); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		// Not heard from: neither busy nor free.
+		h.expect(nil, nil, []uint64{1, 2})
+		if n, _ := h.m.Records(context.Background(), ""); len(n) != 1 {
+			t.Fatalf("records = %+v, want only the valid model", n)
+		}
+		h.send(h.report(2, 0, 10, 100))
+		h.expect(nil, []uint64{2}, []uint64{1})
+		// A seeded worker that never reports is removed after gone-after.
+		time.Sleep(DefaultGoneAfter - time.Second)
+		h.send(h.report(2, 0, 10, 100))
+		h.expect(nil, []uint64{2}, []uint64{1})
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		h.expect(nil, []uint64{2}, nil)
+	})
+}

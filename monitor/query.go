@@ -115,8 +115,8 @@ func (m *Monitor) Workers(ctx context.Context, model string) ([]WorkerRow, error
 				if w.left {
 					row.State = "left"
 					row.AgeSeconds = now.Sub(w.leftAt).Seconds()
-				} else {
-					row.AgeSeconds = now.Sub(w.lastHeard()).Seconds()
+				} else if heard := w.lastHeard(); !heard.IsZero() {
+					row.AgeSeconds = now.Sub(heard).Seconds()
 				}
 				ranks := map[uint32]struct{}{}
 				for _, src := range w.sources {

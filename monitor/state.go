@@ -2,8 +2,8 @@ package monitor
 
 import (
 	"cmp"
-	"maps"
 	"container/heap"
+	"maps"
 	"slices"
 	"time"
 
@@ -75,7 +75,7 @@ type model struct {
 	busy, free, stale []uint64
 	reasons           map[string]string // of the busy workers, by decimal id
 	dirty             bool              // the record changed since the last flush
-	queued            bool // in state.dirty
+	queued            bool              // in state.dirty
 }
 
 func (m *model) list(c Class) *[]uint64 {

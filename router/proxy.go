@@ -66,17 +66,19 @@ func (ex *exchange) serve() {
 	}
 	ex.model = model
 
+	// A model nobody serves is answered "no workers available", never with
+	// the all-busy rejection (contract §7c), whatever its record says.
+	registered := rt.cfg.Registry.Endpoints(model)
+	if len(registered) == 0 {
+		ex.code = http.StatusServiceUnavailable
+		rt.writeNoWorkers(ex.w, model, "no worker is registered")
+		return
+	}
 	d := rt.cfg.BusyList.Decide(model)
 	rt.admission.Observe(model, d)
 	if !d.Admit {
 		ex.code = rt.cfg.RejectStatus
 		rt.reject.Reject(ex.w)
-		return
-	}
-	registered := rt.cfg.Registry.Endpoints(model)
-	if len(registered) == 0 {
-		ex.code = http.StatusServiceUnavailable
-		rt.writeNoWorkers(ex.w, model, "no worker is registered")
 		return
 	}
 	var buf [8]events.WorkerEntry

@@ -108,6 +108,14 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 	o.writer.OrphanAfter = o.monitor.GoneAfter
 	// No record before the overrides are loaded: it would use the defaults.
 	o.writer.HoldUntil = svc.thresholdsSynced
+	// Workers listed by a previous monitor start as stale in this one.
+	o.writer.OnExisting = func(records []events.BusySet) {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := svc.mon.Seed(sctx, records); err != nil && !errors.Is(err, monitor.ErrStopped) {
+			log.Warn("records of the previous monitor not taken over", "err", err)
+		}
+	}
 	if svc.writer, err = busylist.NewWriter(o.writer); err != nil {
 		return nil, err
 	}

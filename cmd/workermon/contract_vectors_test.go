@@ -1,0 +1,132 @@
+package main_test
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// The shared test vectors (DESIGN §2–3), made by another language's msgpack
+// library and by hand, sent to a running monitor.
+type vectors struct {
+	Reports []struct {
+		Name    string         `json:"name"`
+		Subject string         `json:"subject"`
+		Hex     string         `json:"hex"`
+		Valid   bool           `json:"valid"`
+		Expect  map[string]any `json:"expect"`
+	} `json:"reports"`
+	ModelKeys []struct {
+		Model string `json:"model"`
+		Key   string `json:"key"`
+	} `json:"model_keys"`
+}
+
+func loadVectors(t *testing.T) vectors {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "testdata", "contract-vectors.json"))
+	if err != nil {
+		t.Skipf("no vectors: %v", err)
+	}
+	var v vectors
+	d := json.NewDecoder(strings.NewReader(string(b)))
+	d.UseNumber()
+	if err := d.Decode(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func TestContractVectorsModelKeys(t *testing.T) {
+	for _, mk := range loadVectors(t).ModelKeys {
+		if got := modelKey(mk.Model); got != mk.Key {
+			t.Errorf("modelKey(%q) = %q, want %q (test helper)", mk.Model, got, mk.Key)
+		}
+	}
+}
+
+// TestContractVectorsValid: each valid vector, on its own monitor (they share
+// boot and seq), is accepted; the kv vectors make worker 7 busy with "kv".
+func TestContractVectorsValid(t *testing.T) {
+	t.Parallel()
+	for _, v := range loadVectors(t).Reports {
+		if !v.Valid {
+			continue
+		}
+		t.Run(v.Name, func(t *testing.T) {
+			t.Parallel()
+			m := startMonitor(t, monOpt{flags: long("--active-decode-blocks-threshold", "0.5")})
+			c := m.client(t)
+			kv := c.busyKV(t)
+			data, err := hex.DecodeString(v.Hex)
+			if err != nil {
+				t.Fatal(err)
+			}
+			publish(t, c.nc, v.Subject, data)
+			tok := strings.Split(v.Subject, ".")
+			wid := tok[len(tok)-2]
+			model := v.Expect["model"]
+			if model == nil {
+				model = "Qwen/Qwen3-0.6B"
+			}
+			r := waitRecord(t, kv, model.(string), "worker "+wid+" listed", func(r record) bool {
+				for _, l := range []string{"busy", "free", "stale"} {
+					for _, id := range r.ids(l) {
+						if formatU(id) == wid {
+							return true
+						}
+					}
+				}
+				return false
+			})
+			if adb, ok := v.Expect["active_decode_blocks"].(json.Number); ok && adb.String() == "80" {
+				if r.reasons()[wid] != "kv" {
+					t.Errorf("80/100 blocks under threshold 0.5: want busy with reason kv: %v", r)
+				}
+			}
+		})
+	}
+}
+
+// TestContractVectorsInvalid: every invalid vector is rejected and counted.
+func TestContractVectorsInvalid(t *testing.T) {
+	t.Parallel()
+	m := startMonitor(t, monOpt{flags: long("--active-decode-blocks-threshold", "0.5")})
+	c := m.client(t)
+	before := m.rejected(t, "")
+	n := 0
+	for _, v := range loadVectors(t).Reports {
+		if v.Valid {
+			continue
+		}
+		data, err := hex.DecodeString(v.Hex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(v.Subject, "..") {
+			// an empty subject token: not a valid subject, the server may refuse it
+			oc := connect(t, m.natsURL)
+			_ = oc.nc.Publish(v.Subject, data)
+			_ = oc.nc.Flush()
+			continue
+		}
+		publish(t, c.nc, v.Subject, data)
+		n++
+	}
+	r := barrier(t, c, "Qwen/Qwen3-0.6B")
+	for _, id := range []uint64{7, 8} {
+		if w := r.where(id); w != "" {
+			t.Errorf("worker %d from an invalid vector listed in %s: %v", id, w, r)
+		}
+	}
+	m.waitRejected(t, "", before+float64(n))
+	if !m.alive() {
+		t.Fatal("monitor died")
+	}
+}
+
+func formatU(u uint64) string { return strconv.FormatUint(u, 10) }
