@@ -175,11 +175,11 @@ func New(cfg Config) (http.Handler, error) {
 	h.mux.HandleFunc("POST /busy_threshold", h.postThresholds)
 	h.mux.HandleFunc("DELETE /busy_threshold", h.deleteThresholds)
 	h.mux.HandleFunc("/busy_threshold", methodNotAllowed("GET, HEAD, POST, DELETE"))
-	h.mux.HandleFunc("GET /loads", h.loads)
+	h.mux.HandleFunc("GET /loads", h.loads())
 	h.mux.HandleFunc("/loads", methodNotAllowed("GET, HEAD"))
-	h.mux.HandleFunc("GET /workers", h.workers)
+	h.mux.HandleFunc("GET /workers", h.workers())
 	h.mux.HandleFunc("/workers", methodNotAllowed("GET, HEAD"))
-	h.mux.HandleFunc("GET /busy", h.records)
+	h.mux.HandleFunc("GET /busy", h.records())
 	h.mux.HandleFunc("/busy", methodNotAllowed("GET, HEAD"))
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint %s; the API serves %s",

@@ -1,8 +1,10 @@
 package api
 
 import (
+	"context"
 	"net/http"
 
+	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/monitor"
 )
 
@@ -12,62 +14,47 @@ import (
 // be known (an override, an old record) and have no worker right now.
 
 // loads answers GET /loads: one row per worker and rank.
-func (h *handler) loads(w http.ResponseWriter, r *http.Request) {
-	model, herr := queryModel(r, false)
-	if herr != nil {
-		herr.write(w)
-		return
-	}
-	ctx, cancel := h.context(r)
-	defer cancel()
-	rows, err := h.cfg.Monitor.Loads(ctx, model)
-	if err != nil {
-		monitorError(err).write(w)
-		return
-	}
-	if rows == nil {
-		rows = []monitor.LoadRow{}
-	}
-	writeJSON(w, http.StatusOK, LoadsReply{Loads: rows})
+func (h *handler) loads() http.HandlerFunc {
+	return inspect(h, h.cfg.Monitor.Loads, func(rows []monitor.LoadRow) any { return LoadsReply{Loads: rows} })
 }
 
 // workers answers GET /workers: one row per worker.
-func (h *handler) workers(w http.ResponseWriter, r *http.Request) {
-	model, herr := queryModel(r, false)
-	if herr != nil {
-		herr.write(w)
-		return
-	}
-	ctx, cancel := h.context(r)
-	defer cancel()
-	rows, err := h.cfg.Monitor.Workers(ctx, model)
-	if err != nil {
-		monitorError(err).write(w)
-		return
-	}
-	if rows == nil {
-		rows = []monitor.WorkerRow{}
-	}
-	writeJSON(w, http.StatusOK, WorkersReply{Workers: rows})
+func (h *handler) workers() http.HandlerFunc {
+	return inspect(h, h.cfg.Monitor.Workers, func(rows []monitor.WorkerRow) any { return WorkersReply{Workers: rows} })
 }
 
 // records answers GET /busy: the busy set of each model.
-func (h *handler) records(w http.ResponseWriter, r *http.Request) {
-	model, herr := queryModel(r, false)
-	if herr != nil {
-		herr.write(w)
-		return
+func (h *handler) records() http.HandlerFunc {
+	return inspect(h, h.cfg.Monitor.Records, func(sets []events.BusySet) any {
+		reply := RecordsReply{Records: make([]Record, 0, len(sets))}
+		for _, b := range sets {
+			reply.Records = append(reply.Records, recordOf(b))
+		}
+		return reply
+	})
+}
+
+// inspect returns the handler of an inspection endpoint: it asks the monitor
+// with query for the model of the query string (every model without one)
+// and answers with the reply built of the rows, an empty list rather than
+// null.
+func inspect[T any](h *handler, query func(context.Context, string) ([]T, error), reply func([]T) any) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		model, herr := queryModel(r, false)
+		if herr != nil {
+			herr.write(w)
+			return
+		}
+		ctx, cancel := h.context(r)
+		defer cancel()
+		rows, err := query(ctx, model)
+		if err != nil {
+			monitorError(err).write(w)
+			return
+		}
+		if rows == nil {
+			rows = []T{}
+		}
+		writeJSON(w, http.StatusOK, reply(rows))
 	}
-	ctx, cancel := h.context(r)
-	defer cancel()
-	sets, err := h.cfg.Monitor.Records(ctx, model)
-	if err != nil {
-		monitorError(err).write(w)
-		return
-	}
-	reply := RecordsReply{Records: make([]Record, 0, len(sets))}
-	for _, b := range sets {
-		reply.Records = append(reply.Records, recordOf(b))
-	}
-	writeJSON(w, http.StatusOK, reply)
 }

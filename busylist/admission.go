@@ -1,6 +1,7 @@
 package busylist
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -222,11 +223,7 @@ func NewAdmissionMetrics(reg prometheus.Registerer, maxModelLabels int) (*Admiss
 		Name: "workermon_router_requests_rejected_total",
 		Help: `Requests the router rejected, by model ("other" beyond the label cap).`,
 	}, []string{"model"})
-	var err error
-	if outcomes, err = watchRegisterCollector(reg, outcomes); err != nil {
-		return nil, fmt.Errorf("busylist: new admission metrics: %w", err)
-	}
-	if rejected, err = watchRegisterCollector(reg, rejected); err != nil {
+	if err := errors.Join(RegisterShared(reg, &outcomes), RegisterShared(reg, &rejected)); err != nil {
 		return nil, fmt.Errorf("busylist: new admission metrics: %w", err)
 	}
 	m := &AdmissionMetrics{

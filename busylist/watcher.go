@@ -415,17 +415,8 @@ func newWatchMetrics(reg prometheus.Registerer) (*watchMetrics, error) {
 			Help: "Keys in the router's snapshot of the bucket: models of the busy bucket, models with registered workers of the workers bucket.",
 		}, []string{"bucket"}),
 	}
-	var err error
-	if m.rewatches, err = watchRegisterCollector(reg, m.rewatches); err != nil {
-		return nil, err
-	}
-	if m.badRecords, err = watchRegisterCollector(reg, m.badRecords); err != nil {
-		return nil, err
-	}
-	if m.ready, err = watchRegisterCollector(reg, m.ready); err != nil {
-		return nil, err
-	}
-	if m.keys, err = watchRegisterCollector(reg, m.keys); err != nil {
+	if err := errors.Join(RegisterShared(reg, &m.rewatches), RegisterShared(reg, &m.badRecords),
+		RegisterShared(reg, &m.ready), RegisterShared(reg, &m.keys)); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -458,19 +449,22 @@ func (s *routerWatchStats) published(keys int) {
 	s.keys.Set(float64(keys))
 }
 
-// watchRegisterCollector registers c on reg (when not nil) and returns it,
-// or the equal collector already registered there.
-func watchRegisterCollector[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+// RegisterShared registers the collector *c on reg. When an equal collector
+// is already registered there (by another Watcher, Registry or user of the
+// same registry), *c becomes that one, so that they share it. A nil reg
+// registers nothing.
+func RegisterShared[C prometheus.Collector](reg prometheus.Registerer, c *C) error {
 	if reg == nil {
-		return c, nil
+		return nil
 	}
-	if err := reg.Register(c); err != nil {
+	if err := reg.Register(*c); err != nil {
 		if are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); ok {
 			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
+				*c = existing
+				return nil
 			}
 		}
-		return c, fmt.Errorf("busylist: register metrics: %w", err)
+		return fmt.Errorf("busylist: register metrics: %w", err)
 	}
-	return c, nil
+	return nil
 }

@@ -206,7 +206,7 @@ func WithClock(now func() time.Time) Option {
 // retried with capped backoff and never delay load reports.
 func WithEndpoint(endpoint string) Option {
 	return func(o *options) error {
-		ep, err := checkEndpoint(endpoint)
+		ep, err := CheckEndpoint(endpoint)
 		if err != nil {
 			return err
 		}
@@ -243,9 +243,11 @@ func WithRegistryReplicas(n int) Option {
 	}
 }
 
-// checkEndpoint accepts an absolute http or https base URL without
-// credentials, query, fragment or a trailing /v1, and drops trailing slashes.
-func checkEndpoint(endpoint string) (string, error) {
+// CheckEndpoint checks an endpoint as WithEndpoint does: an absolute http or
+// https base URL without credentials, query, fragment or a trailing /v1. It
+// returns the endpoint as it would be registered, without trailing slashes;
+// the error wraps ErrInvalidConfig.
+func CheckEndpoint(endpoint string) (string, error) {
 	fail := func(why string) (string, error) {
 		return "", fmt.Errorf("publisher: check endpoint %q: %s: %w", endpoint, why, ErrInvalidConfig)
 	}

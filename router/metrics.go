@@ -2,13 +2,14 @@ package router
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/workermon/workermon/busylist"
 )
 
 // Upstream error kinds of workermon_router_upstream_errors_total.
@@ -79,26 +80,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Admitted requests answered 503 because no registered worker could take them.",
 		}),
 	}
-	var err error
-	if m.duration, err = register(reg, m.duration); err != nil {
-		return nil, err
-	}
-	if m.inFlight, err = register(reg, m.inFlight); err != nil {
-		return nil, err
-	}
-	if m.cancellations, err = register(reg, m.cancellations); err != nil {
-		return nil, err
-	}
-	if m.upstream, err = register(reg, m.upstream); err != nil {
-		return nil, err
-	}
-	if m.retries, err = register(reg, m.retries); err != nil {
-		return nil, err
-	}
-	if m.migrations, err = register(reg, m.migrations); err != nil {
-		return nil, err
-	}
-	if m.noWorkers, err = register(reg, m.noWorkers); err != nil {
+	if err := errors.Join(busylist.RegisterShared(reg, &m.duration), busylist.RegisterShared(reg, &m.inFlight),
+		busylist.RegisterShared(reg, &m.cancellations), busylist.RegisterShared(reg, &m.upstream),
+		busylist.RegisterShared(reg, &m.retries), busylist.RegisterShared(reg, &m.migrations),
+		busylist.RegisterShared(reg, &m.noWorkers)); err != nil {
 		return nil, err
 	}
 	// Initialise the label values known in advance, so that they show as 0.
@@ -112,23 +97,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.cancellations.WithLabelValues(r)
 	}
 	return m, nil
-}
-
-// register registers c on reg (when not nil) and returns it, or the equal
-// collector already registered there.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if reg == nil {
-		return c, nil
-	}
-	if err := reg.Register(c); err != nil {
-		if are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); ok {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		return c, fmt.Errorf("router: register metrics: %w", err)
-	}
-	return c, nil
 }
 
 // observe records a finished request.

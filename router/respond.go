@@ -78,7 +78,7 @@ type modelInfo struct {
 // serveModels lists the models that have registered workers or a busy-list
 // record, sorted.
 func (rt *Router) serveModels(w http.ResponseWriter, _ *http.Request) {
-	names := append(rt.cfg.Registry.Models(), rt.cfg.BusyList.Models()...)
+	names := slices.Concat(rt.cfg.Registry.Models(), rt.cfg.BusyList.Models()) // never append to a slice of theirs
 	slices.Sort(names)
 	names = slices.Compact(names)
 	list := modelList{Object: "list", Data: make([]modelInfo, 0, len(names))}

@@ -133,7 +133,8 @@ type Config struct {
 	RejectStatus int
 	// RetryAfter is the Retry-After of a rejection; positive.
 	RetryAfter time.Duration
-	// MaxBodyBytes is the largest request body read; positive.
+	// MaxBodyBytes is the largest request body read, and the most text a
+	// migratable stream keeps for its continuation; positive.
 	MaxBodyBytes int64
 	// UpstreamTimeout bounds the wait for a worker's response headers;
 	// positive.

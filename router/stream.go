@@ -42,8 +42,10 @@ import (
 // whole stream (completion_tokens + the tokens before, prompt_tokens = the
 // original prompt's when the first worker told it). When max_tokens is used
 // up, the Router ends the stream itself with a finish_reason "length" event
-// and [DONE]. When no worker can continue, or after MigrationLimit
-// migrations, the stream ends with the error event.
+// and [DONE]. When no worker can continue, after MigrationLimit
+// migrations, or when the text so far is more than MaxBodyBytes (the
+// continuation would be a request larger than the router accepts), the
+// stream ends with the error event.
 
 // streamEnd is how one worker's part of a stream ended.
 type streamEnd uint8
@@ -56,10 +58,11 @@ const (
 
 // streamState is what the Router knows of a relayed stream.
 type streamState struct {
-	mig        *migration // nil: no migration for this request
+	mig        *migration // nil: no migration for this request (or no more)
 	migrations int
 	segment    int    // number of workers before the current one
 	text       []byte // completion text relayed so far (with mig)
+	maxText    int    // the most text kept for a continuation
 	firstID    string // the first worker's chunk id
 	before     int    // tokens produced by the earlier workers
 	segChunks  int    // events with text from the current worker
@@ -119,9 +122,7 @@ func (st *streamState) observe(c *streamChunk) {
 		}
 		if ch.Text != "" {
 			text = true
-			if st.mig != nil {
-				st.text = append(st.text, ch.Text...)
-			}
+			st.keep(ch.Text)
 		}
 	}
 	if text {
@@ -137,6 +138,20 @@ func (st *streamState) observe(c *streamChunk) {
 	}
 }
 
+// keep adds text to what a continuation would start from. Beyond maxText
+// the continuation would be a request larger than the router accepts: the
+// text is dropped and the stream can no longer migrate.
+func (st *streamState) keep(text string) {
+	if st.mig == nil {
+		return
+	}
+	if len(st.text)+len(text) > st.maxText {
+		st.mig, st.text = nil, nil
+		return
+	}
+	st.text = append(st.text, text...)
+}
+
 // stream relays an event stream, migrating it when it is cut and mig allows.
 func (ex *exchange) stream(up *upstream, mig *migration) {
 	rt := ex.rt
@@ -149,7 +164,7 @@ func (ex *exchange) stream(up *upstream, mig *migration) {
 		up.close()
 		return
 	}
-	st := &streamState{mig: mig, segUsage: -1, prompt: -1}
+	st := &streamState{mig: mig, segUsage: -1, prompt: -1, maxText: int(rt.cfg.MaxBodyBytes)}
 	for {
 		end, err := ex.pump(up, st)
 		up.close()

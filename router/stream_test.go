@@ -272,6 +272,43 @@ func TestMigrationEnds(t *testing.T) {
 	}
 }
 
+// TestMigrationTextBounded checks that the text a migratable stream keeps
+// for its continuation is bounded: past MaxBodyBytes (a continuation the
+// router would not accept itself) it is dropped and a cut stream ends with
+// the error event instead of migrating.
+func TestMigrationTextBounded(t *testing.T) {
+	t.Parallel()
+	const maxBody = 256
+	env := newTestEnv(t, envOptions{config: func(c *Config) { c.MigrationLimit, c.MaxBodyBytes = 2, maxBody }})
+	var served atomic.Int32
+	handle := func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		if served.Add(1) > 1 {
+			fmt.Fprint(w, sseEvent(completionChunk("c2", "end", "length", nil))+"data: [DONE]\n\n")
+			return
+		}
+		for range 2 * maxBody / 16 {
+			fmt.Fprint(w, sseEvent(completionChunk("c1", "0123456789abcdef", "", nil)))
+		}
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}
+	env.putWorker(t, model, 1, newEngine(t, handle).srv.URL)
+	env.putWorker(t, model, 2, newEngine(t, handle).srv.URL)
+	raw := readAll(t, env.post(t, PathCompletions, `{"model":"`+model+`","prompt":"p","stream":true}`))
+	res := parseStream(t, raw)
+	if len(res.text) != 2*maxBody || len(res.errors) != 1 || res.done != 1 {
+		t.Errorf("client stream: %d bytes of text, errors %v, %d [DONE]; want %d bytes, one error, one [DONE]",
+			len(res.text), res.errors, res.done, 2*maxBody)
+	}
+	if n := served.Load(); n != 1 {
+		t.Errorf("%d requests reached the engines; want 1, no continuation", n)
+	}
+	if got := env.metric(t, "workermon_router_migrations_total", map[string]string{"outcome": migrationContinued}); got != 0 {
+		t.Errorf("migrations continued = %v", got)
+	}
+}
+
 func TestStreamCutAfterFinish(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, envOptions{})

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net"
-	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/workermon/workermon/busylist"
@@ -59,12 +57,9 @@ func DefaultEngineConfig() EngineConfig {
 	}
 }
 
-// problems returns every problem of c for an engine of ranks ranks.
-func (c EngineConfig) problems(ranks uint32) []error {
-	var errs []error
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("sim: check %s: %s: %w", field, fmt.Sprintf(format, args...), ErrInvalidConfig))
-	}
+// check adds every problem of c for an engine of ranks ranks to errs.
+func (c EngineConfig) check(errs *configErrors, ranks uint32) {
+	bad := errs.add
 	if c.KVBlocks < 1 {
 		bad("KVBlocks", "%d is below 1", c.KVBlocks)
 	}
@@ -102,7 +97,6 @@ func (c EngineConfig) problems(ranks uint32) []error {
 			}
 		}
 	}
-	return errs
 }
 
 // rankSpecs returns the capacity and speed of each of ranks ranks.
@@ -148,12 +142,9 @@ func DefaultPublishConfig() PublishConfig {
 	}
 }
 
-// problems returns every problem of c.
-func (c PublishConfig) problems() []error {
-	var errs []error
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("sim: check %s: %s: %w", field, fmt.Sprintf(format, args...), ErrInvalidConfig))
-	}
+// check adds every problem of c to errs.
+func (c PublishConfig) check(errs *configErrors) {
+	bad := errs.add
 	if err := events.ValidatePrefix(c.SubjectPrefix); err != nil {
 		bad("SubjectPrefix", "%v", err)
 	}
@@ -166,7 +157,6 @@ func (c PublishConfig) problems() []error {
 	if c.RegistryRefresh <= 0 || c.RegistryRefresh >= busylist.RegistryTTL {
 		bad("RegistryRefresh", "%v is not in (0, %v)", c.RegistryRefresh, busylist.RegistryTTL)
 	}
-	return errs
 }
 
 // options returns the publisher options of c.
@@ -229,16 +219,10 @@ func DefaultWorkerConfig() WorkerConfig {
 
 // Validate reports every problem of c, joined; each wraps ErrInvalidConfig.
 func (c WorkerConfig) Validate() error {
-	var errs []error
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("sim: check %s: %s: %w", field, fmt.Sprintf(format, args...), ErrInvalidConfig))
-	}
-	if err := events.ValidateModel(c.Model); err != nil {
-		bad("Model", "%v", err)
-	}
-	if c.Ranks < 1 || c.Ranks > MaxRanks {
-		bad("Ranks", "%d is not in [1, %d]", c.Ranks, MaxRanks)
-	} else if uint64(c.DPStart)+uint64(c.Ranks) > math.MaxUint32+1 {
+	var errs configErrors
+	bad := errs.add
+	errs.addShared(c.Model, c.Ranks, c.Engine, c.Publish, c.NATS)
+	if uint64(c.DPStart)+uint64(c.Ranks) > math.MaxUint32+1 {
 		bad("DPStart", "%d + %d ranks overflows uint32", c.DPStart, c.Ranks)
 	}
 	if _, port, err := net.SplitHostPort(c.Addr); err != nil {
@@ -247,31 +231,34 @@ func (c WorkerConfig) Validate() error {
 		bad("Addr", "port %q is not a number in [0, 65535]", port)
 	}
 	if c.Endpoint != "" {
-		if err := checkEndpoint(c.Endpoint); err != nil {
-			bad("Endpoint", "%q: %v", c.Endpoint, err)
+		if _, err := publisher.CheckEndpoint(c.Endpoint); err != nil {
+			bad("Endpoint", "%v", err)
 		}
-	}
-	errs = append(errs, c.Engine.problems(c.Ranks)...)
-	errs = append(errs, c.Publish.problems()...)
-	if err := c.NATS.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("sim: check NATS: %w: %w", ErrInvalidConfig, err))
 	}
 	return errors.Join(errs...)
 }
 
-// checkEndpoint accepts an absolute http or https base URL without a
-// trailing /v1 (the publisher checks the rest).
-func checkEndpoint(endpoint string) error {
-	u, err := url.Parse(endpoint)
-	switch {
-	case err != nil:
-		return err
-	case u.Scheme != "http" && u.Scheme != "https":
-		return errors.New("not an http or https URL")
-	case u.Host == "":
-		return errors.New("no host")
-	case strings.HasSuffix(strings.TrimRight(u.Path, "/"), "/v1"):
-		return errors.New("give the base URL, without /v1")
+// configErrors collects the problems of a configuration.
+type configErrors []error
+
+// add records a problem of field; it wraps ErrInvalidConfig.
+func (e *configErrors) add(field, format string, args ...any) {
+	*e = append(*e, fmt.Errorf("sim: check %s: %s: %w", field, fmt.Sprintf(format, args...), ErrInvalidConfig))
+}
+
+// addShared records the problems of what a WorkerConfig and a FleetConfig
+// share: the model, the number of ranks, the engine, the publishing and the
+// NATS connection.
+func (e *configErrors) addShared(model string, ranks uint32, engine EngineConfig, publish PublishConfig, nc natsconn.Config) {
+	if err := events.ValidateModel(model); err != nil {
+		e.add("Model", "%v", err)
 	}
-	return nil
+	if ranks < 1 || ranks > MaxRanks {
+		e.add("Ranks", "%d is not in [1, %d]", ranks, MaxRanks)
+	}
+	engine.check(e, ranks)
+	publish.check(e)
+	if err := nc.Validate(); err != nil {
+		*e = append(*e, fmt.Errorf("sim: check NATS: %w: %w", ErrInvalidConfig, err))
+	}
 }

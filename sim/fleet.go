@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/natsconn"
 )
 
@@ -64,20 +63,13 @@ func DefaultFleetConfig() FleetConfig {
 
 // Validate reports every problem of c, joined; each wraps ErrInvalidConfig.
 func (c FleetConfig) Validate() error {
-	var errs []error
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("sim: check %s: %s: %w", field, fmt.Sprintf(format, args...), ErrInvalidConfig))
-	}
-	if err := events.ValidateModel(c.Model); err != nil {
-		bad("Model", "%v", err)
-	}
+	var errs configErrors
+	bad := errs.add
+	errs.addShared(c.Model, c.Ranks, c.Engine, c.Publish, c.NATS)
 	if c.Workers < 1 || c.Workers > MaxWorkers {
 		bad("Workers", "%d is not in [1, %d]", c.Workers, MaxWorkers)
 	} else if c.BaseWorkerID > math.MaxUint64-uint64(c.Workers-1) {
 		bad("BaseWorkerID", "%d + %d workers overflows uint64", c.BaseWorkerID, c.Workers)
-	}
-	if c.Ranks < 1 || c.Ranks > MaxRanks {
-		bad("Ranks", "%d is not in [1, %d]", c.Ranks, MaxRanks)
 	}
 	if c.Host == "" {
 		bad("Host", "empty")
@@ -87,11 +79,6 @@ func (c FleetConfig) Validate() error {
 	}
 	if c.BasePort < 0 || c.BasePort > 0 && c.BasePort+c.Workers-1 > math.MaxUint16 {
 		bad("BasePort", "%d is not 0 or a port leaving room for %d workers", c.BasePort, c.Workers)
-	}
-	errs = append(errs, c.Engine.problems(c.Ranks)...)
-	errs = append(errs, c.Publish.problems()...)
-	if err := c.NATS.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("sim: check NATS: %w: %w", ErrInvalidConfig, err))
 	}
 	return errors.Join(errs...)
 }

@@ -22,8 +22,8 @@ type job struct {
 // routes returns the worker's HTTP API.
 func (w *Worker) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/completions", w.handleCompletions)
-	mux.HandleFunc("POST /v1/chat/completions", w.handleChat)
+	mux.HandleFunc("POST /v1/completions", w.serveJob(w.completionJob))
+	mux.HandleFunc("POST /v1/chat/completions", w.serveJob(w.chatJob))
 	mux.HandleFunc("GET /v1/models", w.handleModels)
 	mux.HandleFunc("GET /health", w.handleHealth)
 	return w.track(mux)
@@ -52,54 +52,64 @@ func (w *Worker) fail(rw http.ResponseWriter, err *apiError) {
 	writeError(rw, err)
 }
 
-func (w *Worker) handleCompletions(rw http.ResponseWriter, r *http.Request) {
-	var req completionRequest
-	if err := decodeBody(rw, r, w.cfg.Engine.MaxBodyBytes, &req); err != nil {
-		w.fail(rw, err)
-		return
+// serveJob returns the handler of an inference endpoint: parse reads and
+// checks the request, which the engine then runs.
+func (w *Worker) serveJob(parse func(http.ResponseWriter, *http.Request) (job, *apiError)) http.HandlerFunc {
+	return func(rw http.ResponseWriter, r *http.Request) {
+		j, err := parse(rw, r)
+		if err != nil {
+			w.fail(rw, err)
+			return
+		}
+		w.generate(rw, r, j)
 	}
-	if err := w.checkModel(req.Model); err != nil {
-		w.fail(rw, err)
-		return
+}
+
+// completionJob reads a POST /v1/completions request.
+func (w *Worker) completionJob(rw http.ResponseWriter, r *http.Request) (job, *apiError) {
+	var req completionRequest
+	if err := w.decode(rw, r, &req, &req.requestOptions); err != nil {
+		return job{}, err
 	}
 	prompt, err := parsePrompt(req.Prompt)
 	if err != nil {
-		w.fail(rw, err)
-		return
+		return job{}, err
 	}
-	j := job{promptTokens: promptTokens(prompt), start: continuation(prompt), stream: req.Stream}
-	if err := w.checkCommon(&j, req.MaxTokens, "max_tokens", req.N, req.StreamOptions); err != nil {
-		w.fail(rw, err)
-		return
+	j := job{promptTokens: promptTokens(prompt), start: continuation(prompt)}
+	if err := w.checkCommon(&j, req.requestOptions, req.MaxTokens, "max_tokens"); err != nil {
+		return job{}, err
 	}
-	w.generate(rw, r, j)
+	return j, nil
 }
 
-func (w *Worker) handleChat(rw http.ResponseWriter, r *http.Request) {
+// chatJob reads a POST /v1/chat/completions request.
+func (w *Worker) chatJob(rw http.ResponseWriter, r *http.Request) (job, *apiError) {
 	var req chatRequest
-	if err := decodeBody(rw, r, w.cfg.Engine.MaxBodyBytes, &req); err != nil {
-		w.fail(rw, err)
-		return
-	}
-	if err := w.checkModel(req.Model); err != nil {
-		w.fail(rw, err)
-		return
+	if err := w.decode(rw, r, &req, &req.requestOptions); err != nil {
+		return job{}, err
 	}
 	all, last, err := parseMessages(req.Messages)
 	if err != nil {
-		w.fail(rw, err)
-		return
+		return job{}, err
 	}
-	j := job{chat: true, promptTokens: promptTokens(all), start: continuation(last), stream: req.Stream}
+	j := job{chat: true, promptTokens: promptTokens(all), start: continuation(last)}
 	maxTokens, param := req.MaxCompletionTokens, "max_completion_tokens"
 	if maxTokens == nil {
 		maxTokens, param = req.MaxTokens, "max_tokens"
 	}
-	if err := w.checkCommon(&j, maxTokens, param, req.N, req.StreamOptions); err != nil {
-		w.fail(rw, err)
-		return
+	if err := w.checkCommon(&j, req.requestOptions, maxTokens, param); err != nil {
+		return job{}, err
 	}
-	w.generate(rw, r, j)
+	return j, nil
+}
+
+// decode reads a JSON request body into req and checks the model of its
+// options (a field of req).
+func (w *Worker) decode(rw http.ResponseWriter, r *http.Request, req any, opts *requestOptions) *apiError {
+	if err := decodeBody(rw, r, w.cfg.Engine.MaxBodyBytes, req); err != nil {
+		return err
+	}
+	return w.checkModel(opts.Model)
 }
 
 func (w *Worker) handleModels(rw http.ResponseWriter, _ *http.Request) {
@@ -124,8 +134,10 @@ func (w *Worker) checkModel(model string) *apiError {
 		fmt.Sprintf("The model `%s` does not exist.", model))
 }
 
-// checkCommon fills in and checks the fields completions and chat share.
-func (w *Worker) checkCommon(j *job, maxTokens *int, param string, n *int, opts *streamOptions) *apiError {
+// checkCommon fills in j from the options completions and chat share, with
+// maxTokens the request's limit (named param), and checks them.
+func (w *Worker) checkCommon(j *job, opts requestOptions, maxTokens *int, param string) *apiError {
+	j.stream = opts.Stream
 	j.maxTokens = w.cfg.Engine.DefaultMaxTokens
 	if maxTokens != nil {
 		if *maxTokens < 1 {
@@ -133,19 +145,20 @@ func (w *Worker) checkCommon(j *job, maxTokens *int, param string, n *int, opts 
 		}
 		j.maxTokens = *maxTokens
 	}
-	if j.promptTokens+j.maxTokens > w.maxSeq {
+	// Compared without adding: prompt + max_tokens may overflow an int.
+	if j.maxTokens > w.maxSeq-j.promptTokens {
 		return badRequest(param, fmt.Sprintf(
-			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the prompt, %d in the completion).",
-			w.maxSeq, j.promptTokens+j.maxTokens, j.promptTokens, j.maxTokens))
+			"This model's maximum context length is %d tokens. However, you requested %d tokens in the prompt and %d in the completion.",
+			w.maxSeq, j.promptTokens, j.maxTokens))
 	}
-	if n != nil && *n != 1 {
+	if opts.N != nil && *opts.N != 1 {
 		return badRequest("n", "only n=1 is supported")
 	}
-	if opts != nil {
+	if so := opts.StreamOptions; so != nil {
 		if !j.stream {
 			return badRequest("stream_options", "stream_options is only allowed with stream")
 		}
-		j.includeUsage, j.continuousUsage = opts.IncludeUsage, opts.ContinuousUsageStats
+		j.includeUsage, j.continuousUsage = so.IncludeUsage, so.ContinuousUsageStats
 	}
 	return nil
 }
@@ -199,19 +212,13 @@ func (w *Worker) complete(ctx context.Context, rw http.ResponseWriter, j job, re
 		w.fail(rw, newAPIError(http.StatusInternalServerError, "internal_error", "", "", "no rank can hold the request"))
 		return true
 	}
-	text := generatedText(j.start, n, j.chat)
-	finish, created := finishLength, w.created
+	text, finish := generatedText(j.start, n, j.chat), finishReason(finishLength)
 	u := newUsage(j.promptTokens, n)
 	if j.chat {
-		writeJSON(rw, http.StatusOK, chatResponse{
-			ID: id, Object: "chat.completion", Created: created, Model: w.cfg.Model, Usage: u,
-			Choices: []chatChoice{{Message: &chatDelta{Role: "assistant", Content: &text}, FinishReason: &finish}},
-		})
+		writeJSON(rw, http.StatusOK, newResponse(w, id, objectChat, u,
+			chatChoice{Message: &chatDelta{Role: "assistant", Content: &text}, FinishReason: finish}))
 	} else {
-		writeJSON(rw, http.StatusOK, completionResponse{
-			ID: id, Object: "text_completion", Created: created, Model: w.cfg.Model, Usage: u,
-			Choices: []completionChoice{{Text: text, FinishReason: &finish}},
-		})
+		writeJSON(rw, http.StatusOK, newResponse(w, id, objectCompletion, u, completionChoice{Text: text, FinishReason: finish}))
 	}
 	return true
 }
@@ -302,33 +309,21 @@ type sseWriter struct {
 
 // text writes a completion chunk; an empty finish is null.
 func (s *sseWriter) text(text, finish string, u *usage) {
-	c := completionChoice{Text: text}
-	if finish != "" {
-		c.FinishReason = &finish
-	}
-	s.json(completionResponse{ID: s.id, Object: "text_completion", Created: s.w.created, Model: s.w.cfg.Model,
-		Choices: []completionChoice{c}, Usage: u})
+	s.json(newResponse(s.w, s.id, objectCompletion, u, completionChoice{Text: text, FinishReason: finishReason(finish)}))
 }
 
 // chunk writes a chat chunk; an empty finish is null.
 func (s *sseWriter) chunk(delta *chatDelta, finish string, u *usage) {
-	c := chatChoice{Delta: delta}
-	if finish != "" {
-		c.FinishReason = &finish
-	}
-	s.json(chatResponse{ID: s.id, Object: "chat.completion.chunk", Created: s.w.created, Model: s.w.cfg.Model,
-		Choices: []chatChoice{c}, Usage: u})
+	s.json(newResponse(s.w, s.id, objectChatChunk, u, chatChoice{Delta: delta, FinishReason: finishReason(finish)}))
 }
 
 // usage writes the last chunk of include_usage: no choices, the usage.
 func (s *sseWriter) usage(u *usage) {
 	if s.j.chat {
-		s.json(chatResponse{ID: s.id, Object: "chat.completion.chunk", Created: s.w.created, Model: s.w.cfg.Model,
-			Choices: []chatChoice{}, Usage: u})
+		s.json(newResponse[chatChoice](s.w, s.id, objectChatChunk, u))
 		return
 	}
-	s.json(completionResponse{ID: s.id, Object: "text_completion", Created: s.w.created, Model: s.w.cfg.Model,
-		Choices: []completionChoice{}, Usage: u})
+	s.json(newResponse[completionChoice](s.w, s.id, objectCompletion, u))
 }
 
 func (s *sseWriter) json(v any) {

@@ -3,6 +3,7 @@ package sim_test
 import (
 	"encoding/json"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -192,6 +193,11 @@ func TestRequestErrors(t *testing.T) {
 		{"bad content", "/v1/chat/completions", map[string]any{"model": model, "messages": []any{map[string]any{"role": "user", "content": 7}}}, 400, "messages", ""},
 		{"zero max_tokens", "/v1/completions", map[string]any{"model": model, "prompt": "x", "max_tokens": 0}, 400, "max_tokens", ""},
 		{"too long", "/v1/completions", map[string]any{"model": model, "prompt": "x", "max_tokens": 1 << 20}, 400, "max_tokens", ""},
+		// prompt + max_tokens overflows an int: still too long, not a
+		// request that never ends.
+		{"huge max_tokens", "/v1/completions", map[string]any{"model": model, "prompt": "x", "max_tokens": math.MaxInt64, "stream": true}, 400, "max_tokens", ""},
+		{"huge max_completion_tokens", "/v1/chat/completions", map[string]any{"model": model, "stream": true,
+			"messages": []any{map[string]any{"role": "user", "content": "x"}}, "max_completion_tokens": math.MaxInt64}, 400, "max_completion_tokens", ""},
 		{"n", "/v1/completions", map[string]any{"model": model, "prompt": "x", "n": 2}, 400, "n", ""},
 		{"too large", "/v1/completions", map[string]any{"model": model, "prompt": strings.Repeat("x", 5000)}, 413, "", ""},
 	} {

@@ -24,15 +24,21 @@ type streamOptions struct {
 	ContinuousUsageStats bool `json:"continuous_usage_stats"`
 }
 
+// requestOptions are the fields of a request body that completions and chat
+// share.
+type requestOptions struct {
+	Model         string         `json:"model"`
+	MaxTokens     *int           `json:"max_tokens"`
+	N             *int           `json:"n"`
+	Stream        bool           `json:"stream"`
+	StreamOptions *streamOptions `json:"stream_options"`
+}
+
 // completionRequest is the part of a POST /v1/completions body the
 // simulation reads; other fields are ignored.
 type completionRequest struct {
-	Model         string          `json:"model"`
-	Prompt        json.RawMessage `json:"prompt"`
-	MaxTokens     *int            `json:"max_tokens"`
-	N             *int            `json:"n"`
-	Stream        bool            `json:"stream"`
-	StreamOptions *streamOptions  `json:"stream_options"`
+	requestOptions
+	Prompt json.RawMessage `json:"prompt"`
 }
 
 // chatMessage is one message of a chat request; content is a string or an
@@ -45,13 +51,9 @@ type chatMessage struct {
 // chatRequest is the part of a POST /v1/chat/completions body the
 // simulation reads.
 type chatRequest struct {
-	Model               string         `json:"model"`
-	Messages            []chatMessage  `json:"messages"`
-	MaxTokens           *int           `json:"max_tokens"`
-	MaxCompletionTokens *int           `json:"max_completion_tokens"`
-	N                   *int           `json:"n"`
-	Stream              bool           `json:"stream"`
-	StreamOptions       *streamOptions `json:"stream_options"`
+	requestOptions
+	Messages            []chatMessage `json:"messages"`
+	MaxCompletionTokens *int          `json:"max_completion_tokens"`
 }
 
 // usage is the token accounting of a response.
@@ -65,22 +67,19 @@ func newUsage(prompt, completion int) *usage {
 	return &usage{PromptTokens: prompt, CompletionTokens: completion, TotalTokens: prompt + completion}
 }
 
+// Objects of the answers.
+const (
+	objectCompletion = "text_completion"
+	objectChat       = "chat.completion"
+	objectChatChunk  = "chat.completion.chunk"
+)
+
 // completionChoice is a choice of a completion or of one of its chunks.
 type completionChoice struct {
 	Index        int       `json:"index"`
 	Text         string    `json:"text"`
 	Logprobs     *struct{} `json:"logprobs"`
 	FinishReason *string   `json:"finish_reason"`
-}
-
-// completionResponse is a completion, or one chunk of a streamed one.
-type completionResponse struct {
-	ID      string             `json:"id"`
-	Object  string             `json:"object"`
-	Created int64              `json:"created"`
-	Model   string             `json:"model"`
-	Choices []completionChoice `json:"choices"`
-	Usage   *usage             `json:"usage,omitempty"`
 }
 
 // chatDelta is the message of a chat answer, or the delta of a chunk.
@@ -98,14 +97,32 @@ type chatChoice struct {
 	FinishReason *string    `json:"finish_reason"`
 }
 
-// chatResponse is a chat answer, or one chunk of a streamed one.
-type chatResponse struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
-	Choices []chatChoice `json:"choices"`
-	Usage   *usage       `json:"usage,omitempty"`
+// response is a completion or a chat answer, or one chunk of a streamed one,
+// by its choice type.
+type response[C completionChoice | chatChoice] struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices []C    `json:"choices"`
+	Usage   *usage `json:"usage,omitempty"`
+}
+
+// newResponse returns an answer of w's model; without choices, its choices
+// are an empty list (the usage chunk of a stream).
+func newResponse[C completionChoice | chatChoice](w *Worker, id, object string, u *usage, choices ...C) response[C] {
+	if choices == nil {
+		choices = []C{}
+	}
+	return response[C]{ID: id, Object: object, Created: w.created, Model: w.cfg.Model, Choices: choices, Usage: u}
+}
+
+// finishReason returns the finish_reason of a choice: null when empty.
+func finishReason(finish string) *string {
+	if finish == "" {
+		return nil
+	}
+	return &finish
 }
 
 // modelList is the body of GET /v1/models.

@@ -150,13 +150,11 @@ func (d *demo) Close(ctx context.Context) error {
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o := defaultDemoOptions()
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	o.flags(fs)
-	if err := parseFlags(fs, args, stderr, nil); err != nil {
+	log, err := parseCommand("demo", args, stderr, nil, o.flags, &o.log)
+	if err != nil {
 		return err
 	}
-	log, err := o.log.logger(stderr)
-	if err != nil {
+	if err := checkPeriods(o.interval, o.duration); err != nil {
 		return err
 	}
 	if o.duration > 0 {

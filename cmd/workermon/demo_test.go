@@ -29,13 +29,7 @@ func TestClosedLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := d.Close(ctx); err != nil {
-			t.Error(err)
-		}
-	})
+	closeAtCleanup(t, d.Close)
 	target := "http://" + d.router.httpAddr
 	waitFor(t, 10*time.Second, "router sees both workers free", func() bool {
 		rec, _, ok := d.router.watcher.Record(o.fleet.Model)

@@ -33,6 +33,16 @@ func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer, aliases map[s
 			fs.Name(), envPrefix, envName("stale-after"))
 		fs.PrintDefaults()
 	}
+	if err := parseArgs(fs, args); err != nil {
+		return err
+	}
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	return flagsFromEnv(fs, names, aliases)
+}
+
+// parseArgs parses args, which must all be flags.
+func parseArgs(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -42,12 +52,19 @@ func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer, aliases map[s
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
+	return nil
+}
+
+// flagsFromEnv sets each flag of names that fs has and the command line did
+// not give from its environment variable (envName), then the flags aliases
+// name from their variables; the WORKERMON_ variable wins over an alias.
+func flagsFromEnv(fs *flag.FlagSet, names []string, aliases map[string]string) error {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var errs []error
-	setFromEnv := func(env, name string) {
+	set := func(env, name string) {
 		v, ok := os.LookupEnv(env)
-		if !ok || given[name] {
+		if !ok || given[name] || fs.Lookup(name) == nil {
 			return
 		}
 		if err := fs.Set(name, v); err != nil {
@@ -56,9 +73,11 @@ func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer, aliases map[s
 		}
 		given[name] = true
 	}
-	fs.VisitAll(func(f *flag.Flag) { setFromEnv(envName(f.Name), f.Name) })
+	for _, name := range names {
+		set(envName(name), name)
+	}
 	for env, name := range aliases {
-		setFromEnv(env, name)
+		set(env, name)
 	}
 	return errors.Join(errs...)
 }

@@ -86,3 +86,26 @@ func TestRunExitCodes(t *testing.T) {
 		t.Errorf("invalid config: exit %d, %q", code, errOut.String())
 	}
 }
+
+// TestPeriodFlags checks that a zero or negative --interval (it used to
+// panic in time.NewTicker) and a negative --duration are usage errors, found
+// before anything starts.
+func TestPeriodFlags(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"load", "--interval", "0s"}, "--interval"},
+		{[]string{"load", "--interval", "-1s"}, "--interval"},
+		{[]string{"load", "--duration", "-1s"}, "--duration"},
+		{[]string{"demo", "--interval", "0s"}, "--interval"},
+		{[]string{"demo", "--duration", "-1m"}, "--duration"},
+	} {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			if code := run(tt.args, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), tt.flag) {
+				t.Errorf("exit %d, %q; want 2 and a message about %s", code, errOut.String(), tt.flag)
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -22,29 +23,30 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	interval := DefaultLoadInterval
 	lo := defaultLogOptions()
 	lo.level = "warn"
-	fs := flag.NewFlagSet("load", flag.ContinueOnError)
-	fs.StringVar(&c.Target, "target", c.Target, "base URL of the router (or any OpenAI-compatible server)")
-	fs.StringVar(&models, "model", models, "model(s) of the requests, comma-separated")
-	fs.StringVar(&api, "api", api, "completions or chat")
-	fs.BoolVar(&c.Stream, "stream", c.Stream, "stream the answers (SSE)")
-	fs.StringVar(&profile, "profile", profile, "constant (--rps) or triangle (--min-rps → --max-rps → --min-rps every --period)")
-	fs.Float64Var(&c.RPS, "rps", c.RPS, "requests per second of the constant profile")
-	fs.Float64Var(&c.MinRPS, "min-rps", c.MinRPS, "lowest rate of the triangle profile")
-	fs.Float64Var(&c.MaxRPS, "max-rps", c.MaxRPS, "highest rate of the triangle profile")
-	fs.DurationVar(&c.Period, "period", c.Period, "one cycle of the triangle profile")
-	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "most requests in flight")
-	fs.IntVar(&c.PromptTokens, "prompt-tokens", c.PromptTokens, "prompt size in tokens")
-	fs.IntVar(&c.MaxTokens, "max-tokens", c.MaxTokens, "max_tokens of each request")
-	fs.Float64Var(&c.CancelFraction, "cancel-fraction", c.CancelFraction, "share of requests the client cancels mid-way")
-	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "timeout of one request")
-	fs.DurationVar(&duration, "duration", 0, "stop after this long (0: until Ctrl-C)")
-	fs.DurationVar(&interval, "interval", interval, "how often to print a line")
-	lo.flags(fs)
-	if err := parseFlags(fs, args, stderr, nil); err != nil {
+	register := func(fs *flag.FlagSet) {
+		fs.StringVar(&c.Target, "target", c.Target, "base URL of the router (or any OpenAI-compatible server)")
+		fs.StringVar(&models, "model", models, "model(s) of the requests, comma-separated")
+		fs.StringVar(&api, "api", api, "completions or chat")
+		fs.BoolVar(&c.Stream, "stream", c.Stream, "stream the answers (SSE)")
+		fs.StringVar(&profile, "profile", profile, "constant (--rps) or triangle (--min-rps → --max-rps → --min-rps every --period)")
+		fs.Float64Var(&c.RPS, "rps", c.RPS, "requests per second of the constant profile")
+		fs.Float64Var(&c.MinRPS, "min-rps", c.MinRPS, "lowest rate of the triangle profile")
+		fs.Float64Var(&c.MaxRPS, "max-rps", c.MaxRPS, "highest rate of the triangle profile")
+		fs.DurationVar(&c.Period, "period", c.Period, "one cycle of the triangle profile")
+		fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "most requests in flight")
+		fs.IntVar(&c.PromptTokens, "prompt-tokens", c.PromptTokens, "prompt size in tokens")
+		fs.IntVar(&c.MaxTokens, "max-tokens", c.MaxTokens, "max_tokens of each request")
+		fs.Float64Var(&c.CancelFraction, "cancel-fraction", c.CancelFraction, "share of requests the client cancels mid-way")
+		fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "timeout of one request")
+		fs.DurationVar(&duration, "duration", 0, "stop after this long (0: until Ctrl-C)")
+		fs.DurationVar(&interval, "interval", interval, "how often to print a line")
+		lo.flags(fs)
+	}
+	log, err := parseCommand("load", args, stderr, nil, register, &lo)
+	if err != nil {
 		return err
 	}
-	log, err := lo.logger(stderr)
-	if err != nil {
+	if err := checkPeriods(interval, duration); err != nil {
 		return err
 	}
 	c.Models = strings.Split(models, ",")
@@ -74,6 +76,21 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 				s.Elapsed.Seconds(), s.TargetRPS, s.InFlight, s.Window.Duration.Round(time.Second), countsLine(s.Window))
 		}
 	}
+}
+
+// checkPeriods checks the --interval and --duration of load and demo.
+func checkPeriods(interval, duration time.Duration) error {
+	var errs []error
+	if interval <= 0 {
+		errs = append(errs, fmt.Errorf("--interval %v must be positive", interval))
+	}
+	if duration < 0 {
+		errs = append(errs, fmt.Errorf("--duration %v must not be negative (0: until Ctrl-C)", duration))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return nil
 }
 
 // countsLine renders counts as rates and latency percentiles.

@@ -2,16 +2,12 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"os"
 	"sync"
 	"time"
 
@@ -26,16 +22,8 @@ import (
 	"github.com/workermon/workermon/router"
 )
 
-// Defaults of `workermon router` that are not defaults of a package.
-const (
-	// DefaultRouterHTTPAddr is where the router listens (contract §9).
-	DefaultRouterHTTPAddr = "127.0.0.1:8080"
-	// routerReadHeaderTimeout bounds the reading of a client's request
-	// headers.
-	routerReadHeaderTimeout = 10 * time.Second
-	// routerIdleTimeout is how long an idle client connection is kept.
-	routerIdleTimeout = 2 * time.Minute
-)
+// DefaultRouterHTTPAddr is where `workermon router` listens (contract §9).
+const DefaultRouterHTTPAddr = "127.0.0.1:8080"
 
 // routerOptions is everything `workermon router` can be told.
 type routerOptions struct {
@@ -50,9 +38,6 @@ type routerOptions struct {
 }
 
 func defaultRouterOptions() routerOptions {
-	host, _ := os.Hostname()
-	var b [3]byte
-	_, _ = rand.Read(b[:])
 	o := routerOptions{
 		natsURL:        natsconn.DefaultURL,
 		nats:           natsconn.DefaultConfig(),
@@ -63,7 +48,7 @@ func defaultRouterOptions() routerOptions {
 		replicas:       1,
 		log:            defaultLogOptions(),
 	}
-	o.router.RouterID = host + "-" + hex.EncodeToString(b[:])
+	o.router.RouterID = instanceID()
 	return o
 }
 
@@ -139,12 +124,7 @@ func (validateStandIn) Endpoints(string) []events.WorkerEntry { return nil }
 
 func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o := defaultRouterOptions()
-	fs := flag.NewFlagSet("router", flag.ContinueOnError)
-	o.flags(fs)
-	if err := parseFlags(fs, args, stderr, map[string]string{"NATS_URL": "nats-url"}); err != nil {
-		return err
-	}
-	log, err := o.log.logger(stderr)
+	log, err := parseCommand("router", args, stderr, natsURLEnv, o.flags, &o.log)
 	if err != nil {
 		return err
 	}
@@ -153,17 +133,12 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	fmt.Fprintf(stdout, "workermon router: NATS %s, proxy http://%s\n", svc.natsURL, svc.httpAddr)
-	<-ctx.Done()
-	log.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), DefaultShutdownTimeout)
-	defer cancel()
-	return svc.Close(sctx)
+	return closeWhenDone(ctx, log, "shutting down", svc.Close)
 }
 
 // routerService is a running router: the NATS connection, the busy-list and
 // registry watchers, the proxy and its HTTP server.
 type routerService struct {
-	log      *slog.Logger
 	natsURL  string
 	httpAddr string
 
@@ -171,8 +146,7 @@ type routerService struct {
 	watcher  *busylist.Watcher
 	registry *busylist.Registry
 	router   *router.Router
-	http     *http.Server
-	httpDone chan struct{}
+	http     *httpServer
 
 	closeOnce sync.Once
 	closeErr  error
@@ -184,7 +158,7 @@ func startRouter(o routerOptions, log *slog.Logger, reg *prometheus.Registry) (_
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	svc := &routerService{log: log}
+	svc := &routerService{}
 	defer func() {
 		if err != nil {
 			cctx, cancel := context.WithTimeout(context.Background(), DefaultShutdownTimeout)
@@ -229,30 +203,14 @@ func startRouter(o routerOptions, log *slog.Logger, reg *prometheus.Registry) (_
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.Handle("/", svc.router)
-	if err := svc.serveHTTP(o.httpAddr, mux); err != nil {
+	if svc.http, err = startHTTP("router", o.httpAddr, mux, log); err != nil {
 		return nil, err
 	}
+	svc.httpAddr = svc.http.addr
 	log.Info("router started", "nats", svc.natsURL, "http", svc.httpAddr, "router_id", cfg.RouterID,
 		"reject_status", cfg.RejectStatus, "stale_list_after", o.staleListAfter, "fail_open", o.failOpen,
 		"migration_limit", cfg.MigrationLimit)
 	return svc, nil
-}
-
-func (svc *routerService) serveHTTP(addr string, h http.Handler) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("router: listen on %s: %w", addr, err)
-	}
-	svc.httpAddr = ln.Addr().String()
-	svc.http = &http.Server{Handler: h, ReadHeaderTimeout: routerReadHeaderTimeout, IdleTimeout: routerIdleTimeout}
-	svc.httpDone = make(chan struct{})
-	go func() {
-		defer close(svc.httpDone)
-		if err := svc.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			svc.log.Error("HTTP server stopped", "err", err)
-		}
-	}()
-	return nil
 }
 
 // Close stops in order: the HTTP server (requests in flight may finish until
@@ -263,12 +221,9 @@ func (svc *routerService) Close(ctx context.Context) error {
 	svc.closeOnce.Do(func() {
 		var errs []error
 		if svc.http != nil {
-			if err := svc.http.Shutdown(ctx); err != nil {
-				// Streams still running: cut them.
-				_ = svc.http.Close()
-				errs = append(errs, fmt.Errorf("router: HTTP shutdown: %w", err))
+			if err := svc.http.shutdown(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("router: %w", err))
 			}
-			<-svc.httpDone
 		}
 		if svc.router != nil {
 			_ = svc.router.Close()

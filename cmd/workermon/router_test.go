@@ -37,13 +37,7 @@ func routerTestStart(t *testing.T, natsURL string, mutate func(*routerOptions)) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := svc.Close(ctx); err != nil {
-			t.Error(err)
-		}
-	})
+	closeAtCleanup(t, svc.Close)
 	return svc
 }
 

@@ -2,13 +2,10 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"github.com/workermon/workermon/busylist"
@@ -38,9 +35,6 @@ type serveOptions struct {
 }
 
 func defaultServeOptions() serveOptions {
-	host, _ := os.Hostname()
-	var b [3]byte
-	_, _ = rand.Read(b[:])
 	o := serveOptions{
 		nats:     natsconn.DefaultConfig(),
 		embedded: natsconn.DefaultEmbeddedConfig(),
@@ -52,7 +46,7 @@ func defaultServeOptions() serveOptions {
 	}
 	o.nats.URL = ""
 	o.nats.Name = "workermon-monitor"
-	o.writer.MonitorID = host + "-" + hex.EncodeToString(b[:])
+	o.writer.MonitorID = instanceID()
 	return o
 }
 
@@ -131,12 +125,7 @@ func (o serveOptions) validate() error {
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o := defaultServeOptions()
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	o.flags(fs)
-	if err := parseFlags(fs, args, stderr, map[string]string{"NATS_URL": "nats-url"}); err != nil {
-		return err
-	}
-	log, err := o.log.logger(stderr)
+	log, err := parseCommand("serve", args, stderr, natsURLEnv, o.flags, &o.log)
 	if err != nil {
 		return err
 	}
@@ -145,9 +134,5 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	fmt.Fprintf(stdout, "workermon monitor: NATS %s, API http://%s\n", svc.natsURL, svc.httpAddr)
-	<-ctx.Done()
-	log.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), DefaultShutdownTimeout)
-	defer cancel()
-	return svc.Close(sctx)
+	return closeWhenDone(ctx, log, "shutting down", svc.Close)
 }

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -37,14 +39,21 @@ func testService(t *testing.T, mutate func(*serveOptions)) *service {
 	if err != nil {
 		t.Fatal(err)
 	}
+	closeAtCleanup(t, svc.Close)
+	return svc
+}
+
+// closeAtCleanup closes what the test started when it ends, within 10s;
+// an error of close fails the test.
+func closeAtCleanup(t *testing.T, close func(context.Context) error) {
+	t.Helper()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := svc.Close(ctx); err != nil {
+		if err := close(ctx); err != nil {
 			t.Error(err)
 		}
 	})
-	return svc
 }
 
 func connect(t *testing.T, url string) (*nats.Conn, jetstream.KeyValue) {
@@ -215,4 +224,54 @@ func metricValue(t *testing.T, g prometheus.Gatherer, name, label, value string)
 		}
 	}
 	return -1
+}
+
+// TestCloseWithSlowClient checks that a client that never finishes its
+// request does not take the whole shutdown budget: the HTTP server gets a
+// part of it, then its connections are cut, and the loops still stop (the
+// writer's final flush included) within the rest.
+func TestCloseWithSlowClient(t *testing.T) {
+	t.Parallel()
+	o := defaultServeOptions()
+	o.embedded.Addr, o.embedded.DataDir, o.httpAddr = "127.0.0.1:0", t.TempDir(), "127.0.0.1:0"
+	svc, err := startService(t.Context(), o, slog.New(slog.DiscardHandler), newRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("tcp", svc.httpAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// A body announced and never sent: the handler waits in its read. The
+	// server's 100 Continue says the handler has begun reading it.
+	if _, err := io.WriteString(conn, "POST /busy_threshold HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
+		"Content-Length: 100\r\nExpect: 100-continue\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if line, err := bufio.NewReader(conn).ReadString('\n'); err != nil || !strings.Contains(line, "100") {
+		t.Fatalf("read %q, %v; want 100 Continue", line, err)
+	}
+	if _, err := io.WriteString(conn, "{"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = svc.Close(ctx)
+	t.Logf("Close took %v: %v", time.Since(start), err)
+	if took := time.Since(start); took > 4*time.Second {
+		t.Errorf("Close took %v", took)
+	}
+	if err != nil && strings.Contains(err.Error(), "did not stop") {
+		t.Errorf("Close: %v; want every loop stopped", err)
+	}
+	for name, done := range map[string]chan struct{}{"monitor": svc.monitorDone, "writer": svc.writerDone, "watcher": svc.watcherDone} {
+		select {
+		case <-done:
+		default:
+			t.Errorf("%s loop still running after Close", name)
+		}
+	}
 }

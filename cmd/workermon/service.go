@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -42,12 +41,11 @@ type service struct {
 
 	thresholdsSynced <-chan struct{}
 	sub              *nats.Subscription
-	http             *http.Server
+	http             *httpServer
 
 	// Each loop has its own context so that Close can stop them in order.
 	stopMonitor, stopWriter, stopWatcher context.CancelFunc
 	monitorDone, writerDone, watcherDone chan struct{}
-	httpDone                             chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
@@ -162,9 +160,10 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", svc.ready)
-	if err := svc.serveHTTP(o.httpAddr, mux); err != nil {
+	if svc.http, err = startHTTP("serve", o.httpAddr, mux, log); err != nil {
 		return nil, err
 	}
+	svc.httpAddr = svc.http.addr
 	log.Info("monitor started", "nats", url, "http", svc.httpAddr, "monitor_id", o.writer.MonitorID,
 		"warmup", o.writer.Warmup, "heartbeat", o.writer.Heartbeat, "stale_after", o.monitor.StaleAfter,
 		"gone_after", o.monitor.GoneAfter, "thresholds", thresholdsAttr(o.monitor.Defaults))
@@ -213,23 +212,6 @@ func (svc *service) ready(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte("ready\n"))
 }
 
-func (svc *service) serveHTTP(addr string, h http.Handler) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("serve: listen on %s: %w", addr, err)
-	}
-	svc.httpAddr = ln.Addr().String()
-	svc.http = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	svc.httpDone = make(chan struct{})
-	go func() {
-		defer close(svc.httpDone)
-		if err := svc.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			svc.log.Error("HTTP server stopped", "err", err)
-		}
-	}()
-	return nil
-}
-
 // goLoop runs loop on a goroutine of its own with a context of its own.
 func goLoop(loop func(context.Context) error, log *slog.Logger, name string) (context.CancelFunc, chan struct{}) {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -245,7 +227,8 @@ func goLoop(loop func(context.Context) error, log *slog.Logger, name string) (co
 
 // Close stops everything in order: intake and HTTP, monitor loop (its final
 // records reach the writer), writer (final flush), watcher, connection,
-// embedded server. It is idempotent and bounded by ctx.
+// embedded server. It is idempotent and bounded by ctx; the requests in
+// flight get half of it, the loops keep the rest.
 func (svc *service) Close(ctx context.Context) error {
 	svc.closeOnce.Do(func() {
 		var errs []error
@@ -253,10 +236,11 @@ func (svc *service) Close(ctx context.Context) error {
 			_ = svc.sub.Unsubscribe()
 		}
 		if svc.http != nil {
-			if err := svc.http.Shutdown(ctx); err != nil {
-				errs = append(errs, fmt.Errorf("serve: HTTP shutdown: %w", err))
+			hctx, cancel := partOf(ctx, 0.5)
+			if err := svc.http.shutdown(hctx); err != nil {
+				errs = append(errs, fmt.Errorf("serve: %w", err))
 			}
-			<-svc.httpDone
+			cancel()
 		}
 		stop := func(cancel context.CancelFunc, done chan struct{}, name string) {
 			if cancel == nil {

@@ -93,12 +93,7 @@ func floats(s string) ([]float64, error) {
 func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o := simOptions{fleet: sim.DefaultFleetConfig(), log: defaultLogOptions()}
 	o.natsURL = natsconn.DefaultURL
-	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
-	o.flags(fs)
-	if err := parseFlags(fs, args, stderr, map[string]string{"NATS_URL": "nats-url"}); err != nil {
-		return err
-	}
-	log, err := o.log.logger(stderr)
+	log, err := parseCommand("sim", args, stderr, natsURLEnv, o.flags, &o.log)
 	if err != nil {
 		return err
 	}
@@ -144,9 +139,5 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			defer t.Stop()
 		}
 	}
-	<-ctx.Done()
-	log.Info("closing the fleet: goodbyes, then draining in-flight requests")
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultShutdownTimeout)
-	defer cancel()
-	return fleet.Close(cctx)
+	return closeWhenDone(ctx, log, "closing the fleet: goodbyes, then draining in-flight requests", fleet.Close)
 }

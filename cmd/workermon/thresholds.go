@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -71,27 +70,10 @@ func parseClientFlags(fs *flag.FlagSet, args []string, stderr io.Writer, synopsi
 		fmt.Fprintf(stderr, "Usage: workermon %s\n\n", synopsis)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
+	if err := parseArgs(fs, args); err != nil {
+		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
-	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	for _, name := range clientEnv {
-		v, ok := os.LookupEnv(envName(name))
-		if !ok || given[name] || fs.Lookup(name) == nil {
-			continue
-		}
-		if err := fs.Set(name, v); err != nil {
-			return fmt.Errorf("%w: %s=%q: %v", errUsage, envName(name), v, err)
-		}
-	}
-	return nil
+	return flagsFromEnv(fs, clientEnv, nil)
 }
 
 // apiError adds a hint to an error of the API client.

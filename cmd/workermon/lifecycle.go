@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+)
+
+// What the long-running commands (serve, router, sim, demo) share: how they
+// start, serve HTTP, name themselves and stop.
+
+// Settings of every HTTP server of the process.
+const (
+	// httpReadHeaderTimeout bounds the reading of a client's request
+	// headers.
+	httpReadHeaderTimeout = 10 * time.Second
+	// httpIdleTimeout is how long an idle client connection is kept.
+	httpIdleTimeout = 2 * time.Minute
+)
+
+// natsURLEnv lets NATS_URL set --nats-url, as for the nats CLI.
+var natsURLEnv = map[string]string{"NATS_URL": "nats-url"}
+
+// parseCommand parses the flags of the long-running command name, which
+// register defines, from args and the environment (see parseFlags), and
+// returns the logger its logging flags lo ask for.
+func parseCommand(name string, args []string, stderr io.Writer, aliases map[string]string,
+	register func(*flag.FlagSet), lo *logOptions) (*slog.Logger, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	register(fs)
+	if err := parseFlags(fs, args, stderr, aliases); err != nil {
+		return nil, err
+	}
+	return lo.logger(stderr)
+}
+
+// closeWhenDone waits until ctx ends (Ctrl-C, SIGTERM), logs msg, and then
+// closes what the command runs, within DefaultShutdownTimeout.
+func closeWhenDone(ctx context.Context, log *slog.Logger, msg string, close func(context.Context) error) error {
+	<-ctx.Done()
+	log.Info(msg)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultShutdownTimeout)
+	defer cancel()
+	return close(sctx)
+}
+
+// instanceID names this process in records, logs and NATS client names: the
+// host name and six random hex digits, so that two processes on one host
+// differ.
+func instanceID() string {
+	host, _ := os.Hostname()
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	return host + "-" + hex.EncodeToString(b[:])
+}
+
+// httpServer is an HTTP server serving on a goroutine of its own.
+type httpServer struct {
+	srv  *http.Server
+	addr string        // the address it listens on, port resolved
+	done chan struct{} // closed when the serving goroutine has returned
+}
+
+// startHTTP listens on addr and serves h until shutdown. name prefixes the
+// error ("serve", "router").
+func startHTTP(name, addr string, h http.Handler, log *slog.Logger) (*httpServer, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: listen on %s: %w", name, addr, err)
+	}
+	s := &httpServer{
+		srv:  &http.Server{Handler: h, ReadHeaderTimeout: httpReadHeaderTimeout, IdleTimeout: httpIdleTimeout},
+		addr: ln.Addr().String(),
+		done: make(chan struct{}),
+	}
+	go func() {
+		defer close(s.done)
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("HTTP server stopped", "err", err)
+		}
+	}()
+	return s, nil
+}
+
+// shutdown stops accepting, lets the requests in flight finish until ctx
+// ends and then cuts the connections still open. It returns once the
+// serving goroutine has; the error says whether requests were cut.
+func (s *httpServer) shutdown(ctx context.Context) error {
+	err := s.srv.Shutdown(ctx)
+	if err != nil {
+		_ = s.srv.Close()
+		err = fmt.Errorf("HTTP shutdown: requests still in flight were cut: %w", err)
+	}
+	<-s.done
+	return err
+}
+
+// partOf returns ctx bounded to frac of the time it has left, so that what
+// follows keeps the rest; without a deadline, ctx as it is.
+func partOf(ctx context.Context, frac float64) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, time.Duration(frac*float64(time.Until(deadline))))
+}
