@@ -19,8 +19,10 @@ test: vet ## vet, then every unit and in-process test with the race detector
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 
 fuzz: ## run each fuzz target for FUZZTIME
-	@for t in FuzzDecodeLoadReport FuzzDecodeGoodbye FuzzDecodeBusySet FuzzModelKey FuzzParseModelKey; do \
-		$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) -parallel 1 ./events || exit 1; done
+	@for t in events:FuzzDecodeLoadReport events:FuzzDecodeGoodbye events:FuzzDecodeBusySet events:FuzzModelKey \
+		events:FuzzParseModelKey api:FuzzRequest router:FuzzSSEReader; do \
+		pkg=$${t%%:*}; name=$${t#*:}; \
+		$(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) -parallel 1 ./$$pkg || exit 1; done
 
 bench: ## run the benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./events ./monitor ./busylist ./publisher
