@@ -3,7 +3,8 @@
 // or cluster, the monitor, simulated engines and the router on networks the
 // tests create, and the tests break them for real: overload, a NATS restart,
 // a monitor restart, a killed worker, a worker cut from the network, the loss
-// of one node of a three-node NATS cluster.
+// of one node of a three-node NATS cluster, a worker's NATS credentials used
+// to speak for another worker.
 //
 // The tests carry the build tag "integration" and need Docker; without it
 // they fail rather than skip. They never pull an image. Run them with

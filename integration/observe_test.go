@@ -42,31 +42,42 @@ type observer struct {
 // keeps to the URLs it was given.
 func (s *stack) observe() *observer {
 	s.t.Helper()
-	var urls []string
-	for i, c := range s.nats {
-		if inspectLifecycle(s.t, c).running {
-			urls = append(urls, "nats://"+endpoint(s.t, c, "4222/tcp"))
-		} else {
-			s.t.Logf("observer: %s is down, not connecting to it", s.natsIDs[i])
-		}
-	}
-	nc, err := nats.Connect(strings.Join(urls, ","),
-		nats.UserInfo("monitor", passwords["monitor"]),
-		nats.Name("integration-test"),
-		nats.IgnoreDiscoveredServers(),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(200*time.Millisecond),
-		nats.PingInterval(time.Second),
-		nats.Timeout(opTimeout))
-	if err != nil {
-		s.t.Fatalf("observer: connect to %v: %v", urls, err)
-	}
-	s.t.Cleanup(nc.Close)
+	nc := s.connect("monitor", "integration-test")
 	js, err := jetstream.New(nc)
 	if err != nil {
 		s.t.Fatalf("observer: %v", err)
 	}
 	return &observer{t: s.t, nc: nc, js: js}
+}
+
+// connect connects to every running NATS node of the stack, through the
+// mapped ports, as user (one of passwords), under the connection name name.
+// The connection is closed at the end of the test.
+func (s *stack) connect(user, name string, more ...nats.Option) *nats.Conn {
+	s.t.Helper()
+	var urls []string
+	for i, c := range s.nats {
+		if inspectLifecycle(s.t, c).running {
+			urls = append(urls, "nats://"+endpoint(s.t, c, "4222/tcp"))
+		} else {
+			s.t.Logf("%s: %s is down, not connecting to it", name, s.natsIDs[i])
+		}
+	}
+	opts := []nats.Option{
+		nats.UserInfo(user, passwords[user]),
+		nats.Name(name),
+		nats.IgnoreDiscoveredServers(),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(200 * time.Millisecond),
+		nats.PingInterval(time.Second),
+		nats.Timeout(opTimeout),
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","), append(opts, more...)...)
+	if err != nil {
+		s.t.Fatalf("%s: connect to %v as %s: %v", name, urls, user, err)
+	}
+	s.t.Cleanup(nc.Close)
+	return nc
 }
 
 func (o *observer) close() { o.nc.Close() }

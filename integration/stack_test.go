@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,13 +39,24 @@ const (
 // startTimeout bounds the start of one container, wait strategy included.
 const startTimeout = 60 * time.Second
 
-// The NATS users of deploy/nats/compose.conf, with test passwords. The
-// monitor's user also serves the test's own client, which reads the
-// buckets.
+// The NATS users of deploy/nats/compose.conf, with test passwords: one
+// engine user per worker id (engine-<id>, allowed only that worker's
+// subjects), the router and the monitor. The monitor's user also serves the
+// test's own client, which reads the buckets.
 var passwords = map[string]string{
-	"engine":  "engine-integration",
-	"router":  "router-integration",
-	"monitor": "monitor-integration",
+	"engine-1": "engine-1-integration",
+	"engine-2": "engine-2-integration",
+	"router":   "router-integration",
+	"monitor":  "monitor-integration",
+}
+
+// engineUser is the NATS user of worker id.
+func engineUser(id uint64) string { return "engine-" + strconv.FormatUint(id, 10) }
+
+// passwordEnv is the variable through which compose.conf reads a user's
+// password: WORKERMON_NATS_ENGINE_1_PASSWORD for engine-1.
+func passwordEnv(user string) string {
+	return "WORKERMON_NATS_" + strings.ToUpper(strings.ReplaceAll(user, "-", "_")) + "_PASSWORD"
 }
 
 // stackOptions says what a test's stack is made of.
@@ -76,6 +88,21 @@ type stack struct {
 	sims    map[uint64]*testcontainers.DockerContainer
 	router  *testcontainers.DockerContainer
 	natsURL string // the servers as seen inside the network
+
+	mu       sync.Mutex
+	provoked []violation // the permissions violations the test provokes on purpose
+}
+
+// violation is a publish that the NATS server must deny, and log.
+type violation struct {
+	user, subject string
+}
+
+// logged is the end of the server's log line for the denial: the client's
+// "<account>/user:<name>" label, then the subject (nats-server's client.go,
+// pubPermissionViolation and getAuthUserLabel).
+func (v violation) logged() string {
+	return fmt.Sprintf("/user:%s\" - Publish Violation - Subject %q", v.user, v.subject)
 }
 
 // startStack starts NATS, the monitor, the workers and the router, in that
@@ -160,7 +187,7 @@ func (s *stack) startNATS() {
 	s.natsURL = strings.Join(urls, ",")
 	env := map[string]string{}
 	for user, pw := range passwords {
-		env["WORKERMON_NATS_"+strings.ToUpper(user)+"_PASSWORD"] = pw
+		env[passwordEnv(user)] = pw
 	}
 	var wg sync.WaitGroup
 	for i := range n {
@@ -183,9 +210,7 @@ func (s *stack) startNATS() {
 	if s.t.Failed() {
 		s.t.FailNow()
 	}
-	for i, c := range s.nats {
-		s.checkNoViolations(s.natsIDs[i], c)
-	}
+	s.t.Cleanup(s.checkViolations)
 }
 
 // provisionWorkersBucket creates the worker registry's bucket at the
@@ -208,16 +233,21 @@ func (s *stack) provisionWorkersBucket() {
 }
 
 // startSim starts worker id: one container, one worker with two DP ranks,
-// registered as http://sim<id>:8000.
+// registered as http://sim<id>:8000, connected as the worker's own user.
 func (s *stack) startSim(id uint64) *testcontainers.DockerContainer {
 	name := fmt.Sprintf("sim%d", id)
+	user := engineUser(id)
+	if _, ok := passwords[user]; !ok {
+		s.t.Errorf("start %s: deploy/nats/compose.conf has no NATS user %s for worker %d", name, user, id)
+		return nil
+	}
 	cmd := []string{"sim", "--nats-url", s.natsURL, "--model", model, "--workers", "1", "--ranks", "2",
 		"--worker-id-base", strconv.FormatUint(id, 10), "--host", "0.0.0.0", "--port-base", "8000",
 		"--advertise-host", name}
 	cmd = append(cmd, s.opts.simArgs...)
 	return s.run(name, workermonImage, cmd, []string{"8000/tcp"},
 		wait.ForHTTP("/health").WithPort("8000/tcp"), map[string]string{
-			"WORKERMON_NATS_USER": "engine", "WORKERMON_NATS_PASSWORD": passwords["engine"]})
+			"WORKERMON_NATS_USER": user, "WORKERMON_NATS_PASSWORD": passwords[user]})
 }
 
 // run starts one container on the stack's network under alias name and
@@ -253,29 +283,105 @@ func (s *stack) run(name, image string, cmd, ports []string, ready wait.Strategy
 	return c
 }
 
-// checkNoViolations fails the test, at its end, if the NATS server logged a
-// permissions violation: every role must get by with its own subjects.
-func (s *stack) checkNoViolations(name string, c *testcontainers.DockerContainer) {
-	s.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
+// expectViolation declares that the test is about to publish subject as
+// user on purpose, and that the server must deny it: checkViolations then
+// accepts that denial, and only that one.
+func (s *stack) expectViolation(user, subject string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.provoked = append(s.provoked, violation{user: user, subject: subject})
+}
+
+// provokedViolations returns the denials the test declared.
+func (s *stack) provokedViolations() []violation {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.provoked)
+}
+
+// violations returns every permissions violation in the logs of the NATS
+// nodes, as "<node>: <line>".
+func (s *stack) violations(ctx context.Context) ([]string, int, error) {
+	var out []string
+	total := 0
+	for i, c := range s.nats {
 		lines, err := logLines(ctx, c)
 		if err != nil {
-			s.t.Logf("logs of %s: %v", name, err)
-			return
+			return nil, 0, fmt.Errorf("logs of %s: %w", s.natsIDs[i], err)
 		}
-		var bad []string
+		total += len(lines)
 		for _, l := range lines {
 			if strings.Contains(l, "Violation") {
-				bad = append(bad, l)
+				out = append(out, s.natsIDs[i]+": "+l)
 			}
 		}
-		if len(bad) > 0 {
-			s.t.Errorf("%s logged %d permissions violation(s), first: %s", name, len(bad), bad[0])
-		} else {
-			s.t.Logf("%s: no permissions violation in %d log lines", name, len(lines))
+	}
+	return out, total, nil
+}
+
+// waitViolation waits until a NATS node logged the denial of v and returns
+// the log line.
+func (s *stack) waitViolation(timeout time.Duration, v violation) string {
+	s.t.Helper()
+	var found string
+	waitFor(s.t, timeout, fmt.Sprintf("NATS logging the denial of %s publishing %s", v.user, v.subject), func() (bool, string) {
+		ctx, cancel := context.WithTimeout(s.t.Context(), opTimeout)
+		defer cancel()
+		lines, _, err := s.violations(ctx)
+		if err != nil {
+			return false, err.Error()
 		}
+		for _, l := range lines {
+			if strings.Contains(l, v.logged()) {
+				found = l
+				return true, l
+			}
+		}
+		return false, fmt.Sprintf("%d violation(s) logged, none of %s on %s", len(lines), v.user, v.subject)
 	})
+	return found
+}
+
+// checkViolations fails the test, at its end, if a NATS server logged a
+// permissions violation that the test did not provoke on purpose (see
+// expectViolation): every role must get by with its own subjects. A
+// provoked violation that was never logged fails it too.
+func (s *stack) checkViolations() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lines, total, err := s.violations(ctx)
+	if err != nil {
+		s.t.Logf("violations: %v", err)
+		return
+	}
+	provoked := s.provokedViolations()
+	seen := make([]int, len(provoked))
+	var bad []string
+next:
+	for _, l := range lines {
+		for i, v := range provoked {
+			if strings.Contains(l, v.logged()) {
+				seen[i]++
+				continue next
+			}
+		}
+		bad = append(bad, l)
+	}
+	for i, v := range provoked {
+		if seen[i] == 0 {
+			s.t.Errorf("the denial of %s publishing %s was provoked but never logged", v.user, v.subject)
+		} else {
+			s.t.Logf("provoked on purpose and logged %d time(s): %s denied publishing %s", seen[i], v.user, v.subject)
+		}
+	}
+	switch {
+	case len(bad) > 0:
+		s.t.Errorf("NATS logged %d permissions violation(s) not provoked by the test, first: %s", len(bad), bad[0])
+	case len(provoked) == 0:
+		s.t.Logf("NATS (%s): no permissions violation in %d log lines", strings.Join(s.natsIDs, ", "), total)
+	default:
+		s.t.Logf("NATS (%s): no other permissions violation in %d log lines", strings.Join(s.natsIDs, ", "), total)
+	}
 }
 
 // logLines returns a container's log, stdout and stderr, line by line.
