@@ -78,37 +78,31 @@ func (m *fakeMonitor) SetOverride(_ context.Context, model string, t *events.Thr
 func (m *fakeMonitor) Records(_ context.Context, model string) ([]events.BusySet, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []events.BusySet
-	for _, r := range m.records {
-		if model == "" || r.Model == model {
-			out = append(out, r)
-		}
-	}
-	return out, m.err
+	return ofModel(m.records, model, func(r events.BusySet) string { return r.Model }), m.err
 }
 
 func (m *fakeMonitor) Workers(_ context.Context, model string) ([]monitor.WorkerRow, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []monitor.WorkerRow
-	for _, r := range m.workers {
-		if model == "" || r.Model == model {
-			out = append(out, r)
-		}
-	}
-	return out, m.err
+	return ofModel(m.workers, model, func(r monitor.WorkerRow) string { return r.Model }), m.err
 }
 
 func (m *fakeMonitor) Loads(_ context.Context, model string) ([]monitor.LoadRow, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []monitor.LoadRow
-	for _, r := range m.loads {
-		if model == "" || r.Model == model {
+	return ofModel(m.loads, model, func(r monitor.LoadRow) string { return r.Model }), m.err
+}
+
+// ofModel returns the rows of model, every row when model is "" (nil when
+// none matches).
+func ofModel[T any](rows []T, model string, modelOf func(T) string) []T {
+	var out []T
+	for _, r := range rows {
+		if model == "" || modelOf(r) == model {
 			out = append(out, r)
 		}
 	}
-	return out, m.err
+	return out
 }
 
 // fakeStore is a Store in memory.

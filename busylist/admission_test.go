@@ -194,22 +194,14 @@ func TestAdmissionMetrics(t *testing.T) { // not parallel: AllocsPerRun
 	m2.Observe("a", Decision{Reason: ReasonStale})
 	m.ObserveNoModel()
 
-	for model, want := range map[string]float64{"a": 3, "b": 1, "other": 3} {
-		if v := watchTestMetric(t, reg, "workermon_router_requests_rejected_total", map[string]string{"model": model}); v != want {
-			t.Errorf("rejected{model=%q} = %v, want %v", model, v, want)
-		}
-	}
+	watchTestWantSeries(t, reg, "workermon_router_requests_rejected_total", nil, "model", map[string]float64{"a": 3, "b": 1, "other": 3})
 	for _, model := range []string{"c", "d"} {
 		if v := watchTestMetric(t, reg, "workermon_router_requests_rejected_total", map[string]string{"model": model}); v != -1 {
 			t.Errorf("model %q got a label of its own beyond the cap", model)
 		}
 	}
-	for outcome, want := range map[string]float64{OutcomeRejected: 6, OutcomeAdmitted: 1, OutcomeStaleOpen: 1,
-		OutcomeStaleClosed: 1, OutcomeNoModel: 1, OutcomeUnknownModel: 0, OutcomeNotReady: 0} {
-		if v := watchTestMetric(t, reg, "workermon_router_admissions_total", map[string]string{"outcome": outcome}); v != want {
-			t.Errorf("admissions{outcome=%q} = %v, want %v", outcome, v, want)
-		}
-	}
+	watchTestWantSeries(t, reg, "workermon_router_admissions_total", nil, "outcome", map[string]float64{OutcomeRejected: 6, OutcomeAdmitted: 1, OutcomeStaleOpen: 1,
+		OutcomeStaleClosed: 1, OutcomeNoModel: 1, OutcomeUnknownModel: 0, OutcomeNotReady: 0})
 	if _, err := NewAdmissionMetrics(reg, 0); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("cap 0: %v", err)
 	}

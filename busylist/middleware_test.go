@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/natstest"
 )
 
 // admitTestDecider is a fixed table of decisions; models not in it are
@@ -151,12 +152,8 @@ func TestMiddlewareAdmits(t *testing.T) {
 			}
 		})
 	}
-	for outcome, want := range map[string]float64{OutcomeAdmitted: 2, OutcomeUnknownModel: 1,
-		OutcomeStaleOpen: 1, OutcomeRejected: 2, OutcomeNoModel: 5} {
-		if v := watchTestMetric(t, reg, "workermon_router_admissions_total", map[string]string{"outcome": outcome}); v != want {
-			t.Errorf("admissions{outcome=%q} = %v, want %v", outcome, v, want)
-		}
-	}
+	watchTestWantSeries(t, reg, "workermon_router_admissions_total", nil, "outcome", map[string]float64{OutcomeAdmitted: 2, OutcomeUnknownModel: 1,
+		OutcomeStaleOpen: 1, OutcomeRejected: 2, OutcomeNoModel: 5})
 	if v := watchTestMetric(t, reg, "workermon_router_requests_rejected_total", map[string]string{"model": "busy"}); v != 2 {
 		t.Errorf("rejected{model=busy} = %v, want 2", v)
 	}
@@ -226,7 +223,7 @@ func TestMiddlewareWithWatcher(t *testing.T) {
 		t.Fatalf("unknown model: %d", s)
 	}
 	watchTestPut(t, kv, watchTestSet("Qwen/Qwen3-0.6B", time.Now().UnixNano(), nil, []uint64{1, 2}))
-	watchTestEventually(t, 5*time.Second, "503 once all busy", func() bool { return status() == 503 })
+	natstest.WaitFor(t, 5*time.Second, "503 once all busy", func() bool { return status() == 503 })
 	watchTestPut(t, kv, watchTestSet("Qwen/Qwen3-0.6B", time.Now().UnixNano(), []uint64{2}, []uint64{1}))
-	watchTestEventually(t, 5*time.Second, "200 once a worker is free", func() bool { return status() == 200 })
+	natstest.WaitFor(t, 5*time.Second, "200 once a worker is free", func() bool { return status() == 200 })
 }

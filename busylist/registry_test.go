@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/natstest"
 )
 
 func registryTestNew(t *testing.T, js jetstream.JetStream, opts ...WatchOption) *Registry {
@@ -59,7 +60,7 @@ func TestRegistryPutsAndDeletes(t *testing.T) {
 	registryTestPut(t, kv, registryTestEntry(model, 10, "http://10.0.0.1:8000"))
 	registryTestPut(t, kv, registryTestEntry(model, 20, "http://10.0.0.2:8000"))
 	registryTestPut(t, kv, registryTestEntry("other", 10, "http://10.0.1.1:8000"))
-	watchTestEventually(t, 5*time.Second, "three workers, sorted", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "three workers, sorted", func() bool {
 		return watchTestEqualIDs(registryTestIDs(r, model), []uint64{10, 20, 30}) && len(r.Endpoints("other")) == 1
 	})
 	if e, ok := r.Lookup(model, 20); !ok || e.Endpoint != "http://10.0.0.2:8000" {
@@ -74,7 +75,7 @@ func TestRegistryPutsAndDeletes(t *testing.T) {
 
 	// An update replaces the endpoint.
 	registryTestPut(t, kv, registryTestEntry(model, 20, "http://10.0.0.22:8000"))
-	watchTestEventually(t, 5*time.Second, "endpoint updated", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "endpoint updated", func() bool {
 		e, _ := r.Lookup(model, 20)
 		return e.Endpoint == "http://10.0.0.22:8000"
 	})
@@ -85,13 +86,13 @@ func TestRegistryPutsAndDeletes(t *testing.T) {
 	if err := kv.Purge(t.Context(), events.RegistryKey(model, 30)); err != nil {
 		t.Fatal(err)
 	}
-	watchTestEventually(t, 5*time.Second, "delete and purge visible", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "delete and purge visible", func() bool {
 		return watchTestEqualIDs(registryTestIDs(r, model), []uint64{20})
 	})
 	if err := kv.Delete(t.Context(), events.RegistryKey("other", 10)); err != nil {
 		t.Fatal(err)
 	}
-	watchTestEventually(t, 5*time.Second, "model without workers gone", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "model without workers gone", func() bool {
 		return r.Endpoints("other") == nil && len(r.Models()) == 1
 	})
 }
@@ -105,10 +106,10 @@ func TestRegistryBadEntries(t *testing.T) {
 	watchTestWaitReady(t, r)
 
 	registryTestPut(t, kv, registryTestEntry("m", 1, "http://a"))
-	watchTestEventually(t, 5*time.Second, "good entry", func() bool { return len(r.Endpoints("m")) == 1 })
+	natstest.WaitFor(t, 5*time.Second, "good entry", func() bool { return len(r.Endpoints("m")) == 1 })
 	// Bad JSON under a registered worker's key removes it.
 	watchTestPutRaw(t, kv, events.RegistryKey("m", 1), []byte(`{"model":"m","worker_id":"one"`))
-	watchTestEventually(t, 5*time.Second, "bad JSON removes the worker", func() bool { return r.Endpoints("m") == nil })
+	natstest.WaitFor(t, 5*time.Second, "bad JSON removes the worker", func() bool { return r.Endpoints("m") == nil })
 
 	mismatch, _ := json.Marshal(registryTestEntry("m", 3, "http://c"))
 	watchTestPutRaw(t, kv, events.RegistryKey("m", 2), mismatch)
@@ -118,15 +119,11 @@ func TestRegistryBadEntries(t *testing.T) {
 	watchTestPutRaw(t, kv, "m.05", good)
 	watchTestPutRaw(t, kv, "m", good)
 	registryTestPut(t, kv, registryTestEntry("m", 6, "http://f"))
-	watchTestEventually(t, 5*time.Second, "good entry after bad ones", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "good entry after bad ones", func() bool {
 		return watchTestEqualIDs(registryTestIDs(r, "m"), []uint64{6})
 	})
-	for reason, want := range map[string]float64{"malformed": 1, "mismatch": 1, "no_endpoint": 1, "bad_key": 2} {
-		lbl := map[string]string{"bucket": events.WorkersBucket, "reason": reason}
-		if v := watchTestMetric(t, reg, "workermon_router_watch_bad_records_total", lbl); v != want {
-			t.Errorf("bad records %s = %v, want %v", reason, v, want)
-		}
-	}
+	watchTestWantSeries(t, reg, "workermon_router_watch_bad_records_total", map[string]string{"bucket": events.WorkersBucket}, "reason",
+		map[string]float64{"malformed": 1, "mismatch": 1, "no_endpoint": 1, "bad_key": 2})
 }
 
 // TestRegistryExpires checks that entries not refreshed within the bucket's
@@ -140,20 +137,20 @@ func TestRegistryExpires(t *testing.T) {
 	watchTestWaitReady(t, r)
 	registryTestPut(t, kv, registryTestEntry("m", 1, "http://a"))
 	registryTestPut(t, kv, registryTestEntry("m", 2, "http://b"))
-	watchTestEventually(t, 5*time.Second, "two workers", func() bool { return len(r.Endpoints("m")) == 2 })
+	natstest.WaitFor(t, 5*time.Second, "two workers", func() bool { return len(r.Endpoints("m")) == 2 })
 
 	clock.add(RegistryTTL / 2)
 	registryTestPut(t, kv, registryTestEntry("m", 2, "http://b2")) // refreshed
-	watchTestEventually(t, 5*time.Second, "refresh seen", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "refresh seen", func() bool {
 		e, _ := r.Lookup("m", 2)
 		return e.Endpoint == "http://b2"
 	})
 	clock.add(RegistryTTL/2 + time.Second)
-	watchTestEventually(t, 5*time.Second, "unrefreshed worker expired", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "unrefreshed worker expired", func() bool {
 		return watchTestEqualIDs(registryTestIDs(r, "m"), []uint64{2})
 	})
 	clock.add(RegistryTTL)
-	watchTestEventually(t, 5*time.Second, "last worker expired", func() bool { return r.Endpoints("m") == nil })
+	natstest.WaitFor(t, 5*time.Second, "last worker expired", func() bool { return r.Endpoints("m") == nil })
 }
 
 func TestRegistryRecoversAfterRestart(t *testing.T) {
@@ -165,7 +162,7 @@ func TestRegistryRecoversAfterRestart(t *testing.T) {
 	watchTestWaitReady(t, r)
 	env.restart(t)
 	registryTestPut(t, kv, registryTestEntry("m", 2, "http://b"))
-	watchTestEventually(t, 5*time.Second, "entry put after restart", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "entry put after restart", func() bool {
 		return watchTestEqualIDs(registryTestIDs(r, "m"), []uint64{1, 2})
 	})
 }

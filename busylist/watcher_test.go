@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/natstest"
+	"github.com/workermon/workermon/internal/promtest"
 )
 
 // watchTestEnv is a real in-process NATS server with a client.
@@ -80,18 +82,6 @@ func watchTestPutRaw(t *testing.T, kv jetstream.KeyValue, key string, data []byt
 	}
 }
 
-// watchTestEventually polls cond until it holds or the deadline passes.
-func watchTestEventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func watchTestWaitReady(t *testing.T, w interface{ WaitReady(context.Context) error }) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -128,32 +118,23 @@ func (c *watchTestClock) at(d time.Duration) int64 { return c.ns.Load() + int64(
 // there is no such series.
 func watchTestMetric(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			got := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				got[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range labels {
-				if got[k] != v {
-					continue metrics
-				}
-			}
-			if c := m.GetCounter(); c != nil {
-				return c.GetValue()
-			}
-			return m.GetGauge().GetValue()
-		}
+	if v, ok := promtest.Value(t, g, name, labels); ok {
+		return v
 	}
 	return -1
+}
+
+// watchTestWantSeries checks one series of the metric name per entry of
+// want: the series labelled as base plus key = the entry's key.
+func watchTestWantSeries(t *testing.T, g prometheus.Gatherer, name string, base map[string]string, key string, want map[string]float64) {
+	t.Helper()
+	for val, w := range want {
+		lbl := map[string]string{key: val}
+		maps.Copy(lbl, base)
+		if v := watchTestMetric(t, g, name, lbl); v != w {
+			t.Errorf("%s%v = %v, want %v", name, lbl, v, w)
+		}
+	}
 }
 
 func watchTestSet(model string, now int64, free, busy []uint64) events.BusySet {
@@ -227,7 +208,7 @@ func TestWatcherManyModels(t *testing.T) {
 	for i := range n {
 		watchTestPut(t, kv, watchTestSet(fmt.Sprintf("m-%d", i), now, nil, []uint64{1}))
 	}
-	watchTestEventually(t, 10*time.Second, "every model all busy", func() bool {
+	natstest.WaitFor(t, 10*time.Second, "every model all busy", func() bool {
 		for i := range n {
 			if w.Decide(fmt.Sprintf("m-%d", i)).Reason != ReasonAllBusy {
 				return false
@@ -283,7 +264,7 @@ func TestWatcherDecisionTable(t *testing.T) {
 	// updated_at far ahead: only the receive time can make it stale.
 	watchTestPut(t, kv, watchTestSet("future", clock.at(time.Hour), nil, []uint64{1}))
 	for _, w := range []*Watcher{open, closed} {
-		watchTestEventually(t, 5*time.Second, "all records visible", func() bool { return len(w.Models()) == 6 })
+		natstest.WaitFor(t, 5*time.Second, "all records visible", func() bool { return len(w.Models()) == 6 })
 	}
 
 	type row struct {
@@ -361,19 +342,19 @@ func TestWatcherUpdatesAndDeletes(t *testing.T) {
 	}
 
 	watchTestPut(t, kv, watchTestSet(model, time.Now().UnixNano(), []uint64{7}, nil))
-	watchTestEventually(t, 5*time.Second, "put visible", reason(ReasonFree))
+	natstest.WaitFor(t, 5*time.Second, "put visible", reason(ReasonFree))
 	watchTestPut(t, kv, watchTestSet(model, time.Now().UnixNano(), nil, []uint64{7}))
-	watchTestEventually(t, 5*time.Second, "all_busy visible", reason(ReasonAllBusy))
+	natstest.WaitFor(t, 5*time.Second, "all_busy visible", reason(ReasonAllBusy))
 	if err := kv.Delete(t.Context(), key); err != nil {
 		t.Fatal(err)
 	}
-	watchTestEventually(t, 5*time.Second, "delete visible", reason(ReasonUnknownModel))
+	natstest.WaitFor(t, 5*time.Second, "delete visible", reason(ReasonUnknownModel))
 	watchTestPut(t, kv, watchTestSet(model, time.Now().UnixNano(), nil, []uint64{7}))
-	watchTestEventually(t, 5*time.Second, "put after delete visible", reason(ReasonAllBusy))
+	natstest.WaitFor(t, 5*time.Second, "put after delete visible", reason(ReasonAllBusy))
 	if err := kv.Purge(t.Context(), key); err != nil {
 		t.Fatal(err)
 	}
-	watchTestEventually(t, 5*time.Second, "purge visible", reason(ReasonUnknownModel))
+	natstest.WaitFor(t, 5*time.Second, "purge visible", reason(ReasonUnknownModel))
 }
 
 func TestWatcherRecoversAfterRestart(t *testing.T) {
@@ -389,7 +370,7 @@ func TestWatcherRecoversAfterRestart(t *testing.T) {
 	watchTestPut(t, kv, watchTestSet("after", time.Now().UnixNano(), nil, []uint64{1}))
 	// A watcher that is not re-created stalls for 10–20 s here.
 	put := time.Now()
-	watchTestEventually(t, 5*time.Second, "put after restart visible", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "put after restart visible", func() bool {
 		return w.Decide("after").Reason == ReasonAllBusy
 	})
 	t.Logf("put after restart visible after %v", time.Since(put))
@@ -402,7 +383,7 @@ func TestWatcherRecoversAfterRestart(t *testing.T) {
 	}
 	// Updates keep flowing on the new watch.
 	watchTestPut(t, kv, watchTestSet("after", time.Now().UnixNano(), []uint64{1}, nil))
-	watchTestEventually(t, 5*time.Second, "second put visible", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "second put visible", func() bool {
 		return w.Decide("after").Reason == ReasonFree
 	})
 }
@@ -424,7 +405,7 @@ func TestWatcherStallDetectedWithoutReconnectSignal(t *testing.T) {
 	env.restart(t)
 	watchTestPut(t, kv, watchTestSet("after", time.Now().UnixNano(), nil, []uint64{1}))
 	// A stalled watcher stays silent for 10–20 s; the probes notice sooner.
-	watchTestEventually(t, 5*time.Second, "put after restart visible", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "put after restart visible", func() bool {
 		return w.Decide("after").Reason == ReasonAllBusy
 	})
 	lbl := map[string]string{"bucket": events.BusyBucket, "reason": "stalled"}
@@ -456,7 +437,7 @@ func TestWatcherBucketRecreated(t *testing.T) {
 	// either. Right after the delete the server may still refuse to create
 	// the stream's store: retry. The new bucket's revisions start again
 	// from 1.
-	watchTestEventually(t, 5*time.Second, "bucket open again", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "bucket open again", func() bool {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
 		var err error
@@ -467,7 +448,7 @@ func TestWatcherBucketRecreated(t *testing.T) {
 	if rev >= 6 {
 		t.Fatalf("revision %d did not go backwards", rev)
 	}
-	watchTestEventually(t, 5*time.Second, "new bucket's record visible and old ones gone", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "new bucket's record visible and old ones gone", func() bool {
 		m := w.Models()
 		return len(m) == 1 && m[0] == "new"
 	})
@@ -484,7 +465,7 @@ func TestWatcherBucketRecreated(t *testing.T) {
 	}
 	// Live updates flow on the new bucket.
 	watchTestPut(t, kv, watchTestSet("new", time.Now().UnixNano(), []uint64{1}, nil))
-	watchTestEventually(t, 5*time.Second, "update on the new bucket", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "update on the new bucket", func() bool {
 		return w.Decide("new").Reason == ReasonFree
 	})
 }
@@ -500,9 +481,9 @@ func TestWatcherBadRecords(t *testing.T) {
 
 	// A good record, then garbage under its key: the model goes.
 	watchTestPut(t, kv, watchTestSet("m", now, []uint64{1}, nil))
-	watchTestEventually(t, 5*time.Second, "good record", func() bool { return w.Decide("m").Reason == ReasonFree })
+	natstest.WaitFor(t, 5*time.Second, "good record", func() bool { return w.Decide("m").Reason == ReasonFree })
 	watchTestPutRaw(t, kv, "m", []byte("\xc1 not msgpack"))
-	watchTestEventually(t, 5*time.Second, "garbage removes the model", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "garbage removes the model", func() bool {
 		return w.Decide("m").Reason == ReasonUnknownModel
 	})
 
@@ -515,7 +496,7 @@ func TestWatcherBadRecords(t *testing.T) {
 	watchTestPutRaw(t, kv, "bad=ZZkey", data)
 	// A good record after the bad ones still gets through.
 	watchTestPut(t, kv, watchTestSet("ok", now, nil, []uint64{3}))
-	watchTestEventually(t, 5*time.Second, "good record after bad ones", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "good record after bad ones", func() bool {
 		return w.Decide("ok").Reason == ReasonAllBusy
 	})
 	for _, m := range []string{"mm", "other", "inconsistent"} {
@@ -523,12 +504,8 @@ func TestWatcherBadRecords(t *testing.T) {
 			t.Errorf("Decide(%q) = %+v, want unknown", m, d)
 		}
 	}
-	for reason, want := range map[string]float64{"malformed": 1, "mismatch": 1, "inconsistent": 1, "bad_key": 1} {
-		lbl := map[string]string{"bucket": events.BusyBucket, "reason": reason}
-		if v := watchTestMetric(t, reg, "workermon_router_watch_bad_records_total", lbl); v != want {
-			t.Errorf("bad records %s = %v, want %v", reason, v, want)
-		}
-	}
+	watchTestWantSeries(t, reg, "workermon_router_watch_bad_records_total", map[string]string{"bucket": events.BusyBucket}, "reason",
+		map[string]float64{"malformed": 1, "mismatch": 1, "inconsistent": 1, "bad_key": 1})
 }
 
 func TestWatchOptionsInvalid(t *testing.T) {

@@ -24,6 +24,7 @@ import (
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/natstest"
+	"github.com/workermon/workermon/internal/promtest"
 )
 
 // writerWait is how long the tests wait for something over the network.
@@ -147,52 +148,22 @@ func writerGet(t *testing.T, kv jetstream.KeyValue, model string) (rec events.Bu
 // writerEventually polls cond until it holds or writerWait passes.
 func writerEventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(writerWait)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	natstest.WaitFor(t, writerWait, what, cond)
 }
 
 // writerMetric returns the value of a counter or gauge, or the sample count
 // of a histogram, with the given label pairs, from the registry.
 func writerMetric(t *testing.T, g prometheus.Gatherer, name string, labels ...string) float64 {
 	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatalf("gather: %v", err)
+	want := map[string]string{}
+	for i := 0; i+1 < len(labels); i += 2 {
+		want[labels[i]] = labels[i+1]
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-						found = true
-					}
-				}
-				if !found {
-					continue metrics
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				return m.GetGauge().GetValue()
-			case m.GetHistogram() != nil:
-				return float64(m.GetHistogram().GetSampleCount())
-			}
-		}
+	v, ok := promtest.Value(t, g, name, want)
+	if !ok {
+		t.Fatalf("metric %s %v not found", name, labels)
 	}
-	t.Fatalf("metric %s %v not found", name, labels)
-	return 0
+	return v
 }
 
 // writerLogBuf keeps the logs for inspection and copies them to the test

@@ -150,22 +150,30 @@ func TestContractVectors(t *testing.T) {
 func TestDecodeReportErrors(t *testing.T) {
 	t.Parallel()
 	valid := LoadReport{Model: "m", WorkerID: 1, DPSize: 1, Source: SourceEngine, BootID: 2, Seq: 3, SentAt: 4}
+	// with returns the smallest valid report with the key/value pairs kv set.
+	with := func(kv ...any) map[string]any {
+		m := map[string]any{"v": 1, "model": "m", "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i].(string)] = kv[i+1]
+		}
+		return m
+	}
 	tests := []struct {
 		name string
 		m    map[string]any
 		want error
 	}{
 		{"missing v", map[string]any{"model": "m", "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1}, ErrMissingField},
-		{"nil worker", map[string]any{"v": 1, "model": "m", "worker_id": nil, "boot_id": 1, "seq": 1, "sent_at": 1}, ErrMissingField},
-		{"v 2", map[string]any{"v": 2, "model": "m", "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1}, ErrVersion},
-		{"model as bytes", map[string]any{"v": 1, "model": []byte("m"), "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1}, ErrWrongType},
-		{"long model", map[string]any{"v": 1, "model": string(make([]byte, 257)), "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1}, ErrInvalidModel},
-		{"invalid utf8 model", map[string]any{"v": 1, "model": "\xff", "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1}, ErrInvalidModel},
-		{"rank above uint32", map[string]any{"v": 1, "model": "m", "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1, "dp_rank": uint64(1) << 32}, ErrOutOfRange},
-		{"dp_size 0", map[string]any{"v": 1, "model": "m", "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1, "dp_size": 0}, ErrOutOfRange},
-		{"sent_at above int64", map[string]any{"v": 1, "model": "m", "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": uint64(math.MaxUint64)}, ErrOutOfRange},
-		{"bool load", map[string]any{"v": 1, "model": "m", "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1, "kv_total_blocks": true}, ErrWrongType},
-		{"empty source", map[string]any{"v": 1, "model": "m", "worker_id": 1, "boot_id": 1, "seq": 1, "sent_at": 1, "source": ""}, ErrInvalidSource},
+		{"nil worker", with("worker_id", nil), ErrMissingField},
+		{"v 2", with("v", 2), ErrVersion},
+		{"model as bytes", with("model", []byte("m")), ErrWrongType},
+		{"long model", with("model", string(make([]byte, 257))), ErrInvalidModel},
+		{"invalid utf8 model", with("model", "\xff"), ErrInvalidModel},
+		{"rank above uint32", with("dp_rank", uint64(1)<<32), ErrOutOfRange},
+		{"dp_size 0", with("dp_size", 0), ErrOutOfRange},
+		{"sent_at above int64", with("sent_at", uint64(math.MaxUint64)), ErrOutOfRange},
+		{"bool load", with("kv_total_blocks", true), ErrWrongType},
+		{"empty source", with("source", ""), ErrInvalidSource},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -136,23 +136,17 @@ func (o *observer) waitRecord(timeout time.Duration, what string, cond func(entr
 	return got
 }
 
+// waitBothFree waits until the record lists workers 1 and 2, both free.
+func (o *observer) waitBothFree(timeout time.Duration) entry {
+	o.t.Helper()
+	return o.waitRecord(timeout, "both workers free", func(e entry) bool { return freeAre(e.rec, 1, 2) })
+}
+
 // watch collects every revision of the model's record from now on, until
 // the test ends or stop is called.
 func (o *observer) watch() (entries func() []entry, stop func()) {
 	o.t.Helper()
-	ctx, cancel := context.WithCancel(o.t.Context())
-	octx, ocancel := context.WithTimeout(ctx, opTimeout)
-	defer ocancel()
-	kv, err := o.js.KeyValue(octx, events.BusyBucket)
-	if err != nil {
-		cancel()
-		o.t.Fatalf("watch: %v", err)
-	}
-	w, err := kv.Watch(ctx, events.ModelKey(model), jetstream.UpdatesOnly())
-	if err != nil {
-		cancel()
-		o.t.Fatalf("watch: %v", err)
-	}
+	w, cancel := o.watchKey(events.BusyBucket, events.ModelKey(model), "watch")
 	ch := make(chan []entry, 1)
 	ch <- nil
 	done := make(chan struct{})
@@ -176,6 +170,26 @@ func (o *observer) watch() (entries func() []entry, stop func()) {
 	return func() []entry { all := <-ch; ch <- all; return slices.Clone(all) }, stop
 }
 
+// watchKey watches key of bucket for updates from now on, failing the test
+// (what names the watch) when it cannot; cancel ends the watch.
+func (o *observer) watchKey(bucket, key, what string) (w jetstream.KeyWatcher, cancel context.CancelFunc) {
+	o.t.Helper()
+	ctx, cancel := context.WithCancel(o.t.Context())
+	octx, ocancel := context.WithTimeout(ctx, opTimeout)
+	defer ocancel()
+	kv, err := o.js.KeyValue(octx, bucket)
+	if err != nil {
+		cancel()
+		o.t.Fatalf("%s: %v", what, err)
+	}
+	w, err = kv.Watch(ctx, key, jetstream.UpdatesOnly())
+	if err != nil {
+		cancel()
+		o.t.Fatalf("%s: %v", what, err)
+	}
+	return w, cancel
+}
+
 // listed reports whether worker id is in the record, in any list.
 func listed(r events.BusySet, id uint64) bool {
 	return slices.Contains(r.Free, id) || slices.Contains(r.Busy, id) || slices.Contains(r.Stale, id)
@@ -196,6 +210,18 @@ type routerClient struct {
 func (s *stack) routerClient() *routerClient {
 	return &routerClient{t: s.t, base: "http://" + endpoint(s.t, s.router, "8080/tcp"),
 		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 30 * time.Second}}
+}
+
+// routing returns the stack's observer and router client once both workers
+// are free (within timeout; first is that record) and a request went
+// through the router.
+func (s *stack) routing(timeout time.Duration) (obs *observer, rc *routerClient, first entry) {
+	s.t.Helper()
+	obs = s.observe()
+	rc = s.routerClient()
+	first = obs.waitBothFree(timeout)
+	rc.untilOK(15*time.Second, "a request served through the router")
+	return obs, rc, first
 }
 
 // answer is the router's answer to one completion request.

@@ -38,7 +38,7 @@ func TestWorkerCannotSpeakForAnother(t *testing.T) {
 	s := startStack(t, stackOptions{natsNodes: 1, sims: 2,
 		monitorArgs: overloadMonitorArgs, simArgs: overloadSimArgs})
 	obs := s.observe()
-	obs.waitRecord(15*time.Second, "both workers free", func(e entry) bool { return freeAre(e.rec, 1, 2) })
+	obs.waitBothFree(15 * time.Second)
 	own := obs.registryEntry(1)
 	t.Logf("worker 1's registry entry, written by sim1 as engine-1 (revision %d): %s", own.rev, own.raw)
 
@@ -326,19 +326,7 @@ func (o *observer) registryEntry(id uint64) registered {
 // on, until stop is called.
 func (o *observer) watchRegistry(key string) (values func() []string, stop func()) {
 	o.t.Helper()
-	ctx, cancel := context.WithCancel(o.t.Context())
-	octx, ocancel := context.WithTimeout(ctx, opTimeout)
-	defer ocancel()
-	kv, err := o.js.KeyValue(octx, events.WorkersBucket)
-	if err != nil {
-		cancel()
-		o.t.Fatalf("watch registry: %v", err)
-	}
-	w, err := kv.Watch(ctx, key, jetstream.UpdatesOnly())
-	if err != nil {
-		cancel()
-		o.t.Fatalf("watch registry: %v", err)
-	}
+	w, cancel := o.watchKey(events.WorkersBucket, key, "watch registry")
 	var mu sync.Mutex
 	var all []string
 	done := make(chan struct{})

@@ -48,10 +48,7 @@ var rejectionBody = map[string]any{
 func TestOverloadRejectedThenRecovers(t *testing.T) {
 	s := startStack(t, stackOptions{natsNodes: 1, sims: 2, router: true,
 		monitorArgs: overloadMonitorArgs, simArgs: overloadSimArgs})
-	obs := s.observe()
-	rc := s.routerClient()
-	obs.waitRecord(15*time.Second, "both workers free", func(e entry) bool { return freeAre(e.rec, 1, 2) })
-	rc.untilOK(15*time.Second, "a request served through the router")
+	obs, rc, _ := s.routing(15 * time.Second)
 
 	t.Logf("overload: %d clients, each a loop of %d-byte prompts and max_tokens %d", overloadClients, overloadPromptBytes, overloadMaxTokens)
 	ctx, stopLoad := context.WithCancel(t.Context())
@@ -151,10 +148,7 @@ func TestOverloadRejectedThenRecovers(t *testing.T) {
 // and none of them crashed or restarted.
 func TestNATSRestart(t *testing.T) {
 	s := startStack(t, stackOptions{natsNodes: 1, sims: 2, router: true})
-	obs := s.observe()
-	rc := s.routerClient()
-	before := obs.waitRecord(15*time.Second, "both workers free", func(e entry) bool { return freeAre(e.rec, 1, 2) })
-	rc.untilOK(15*time.Second, "a request served through the router")
+	obs, rc, before := s.routing(15 * time.Second)
 	survivors := s.survivors()
 	obs.close()
 
@@ -195,7 +189,7 @@ func TestNATSRestart(t *testing.T) {
 func TestMonitorRestart(t *testing.T) {
 	s := startStack(t, stackOptions{natsNodes: 1, sims: 2})
 	obs := s.observe()
-	first := obs.waitRecord(15*time.Second, "both workers free", func(e entry) bool { return freeAre(e.rec, 1, 2) })
+	first := obs.waitBothFree(15 * time.Second)
 	entries, stopWatch := obs.watch()
 
 	timeout := 5 * time.Second
@@ -262,10 +256,7 @@ func TestMonitorRestart(t *testing.T) {
 // then drops it, and the router stops sending it requests.
 func TestWorkerKilled(t *testing.T) {
 	s := startStack(t, stackOptions{natsNodes: 1, sims: 2, router: true})
-	obs := s.observe()
-	rc := s.routerClient()
-	obs.waitRecord(15*time.Second, "both workers free", func(e entry) bool { return freeAre(e.rec, 1, 2) })
-	rc.untilOK(15*time.Second, "a request served through the router")
+	obs, rc, _ := s.routing(15 * time.Second)
 	t.Logf("before the fault, 16 requests were served by %s", servedString(rc.spread(16, 8, 400, 8)))
 
 	killed := time.Now()
@@ -278,10 +269,7 @@ func TestWorkerKilled(t *testing.T) {
 // on the network it is free again and served requests again.
 func TestWorkerPartitioned(t *testing.T) {
 	s := startStack(t, stackOptions{natsNodes: 1, sims: 2, router: true})
-	obs := s.observe()
-	rc := s.routerClient()
-	obs.waitRecord(15*time.Second, "both workers free", func(e entry) bool { return freeAre(e.rec, 1, 2) })
-	rc.untilOK(15*time.Second, "a request served through the router")
+	obs, rc, _ := s.routing(15 * time.Second)
 	survivors := s.survivors()
 
 	cut := time.Now()
@@ -341,10 +329,7 @@ func (s *stack) expectWorkerLeaves(obs *observer, rc *routerClient, since time.T
 // bucket: records keep being written and the router keeps routing.
 func TestNATSClusterNodeLoss(t *testing.T) {
 	s := startStack(t, stackOptions{natsNodes: 3, replicas: 3, sims: 2, router: true})
-	obs := s.observe()
-	rc := s.routerClient()
-	obs.waitRecord(20*time.Second, "both workers free", func(e entry) bool { return freeAre(e.rec, 1, 2) })
-	rc.untilOK(15*time.Second, "a request served through the router")
+	obs, rc, _ := s.routing(20 * time.Second)
 	leader := obs.waitReplicasCurrent(20*time.Second, "KV_workermon-busy", 3)
 	obs.waitReplicasCurrent(20*time.Second, "KV_workermon-workers", 3)
 	survivors := s.survivors()

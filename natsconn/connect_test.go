@@ -455,7 +455,7 @@ func TestReconnectNotification(t *testing.T) {
 		}
 		roundTrip(t, nc)
 	}
-	waitUntil(t, 10*time.Second, "two reconnect logs", func() bool {
+	natstest.WaitFor(t, 10*time.Second, "two reconnect logs", func() bool {
 		return len(logs.records(slog.LevelInfo, "nats: reconnected")) == 2
 	})
 	if n := len(logs.records(slog.LevelWarn, "nats: disconnected; reconnecting")); n != 2 {

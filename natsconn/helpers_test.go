@@ -19,6 +19,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/workermon/workermon/internal/natstest"
 )
 
 // configFields returns the fields of the ConfigErrors joined in err.
@@ -120,7 +122,7 @@ func (c *capture) all() []logRecord {
 func (c *capture) waitFor(t *testing.T, level slog.Level, msg string) logRecord {
 	t.Helper()
 	var rec logRecord
-	waitUntil(t, 10*time.Second, fmt.Sprintf("log %v %q", level, msg), func() bool {
+	natstest.WaitFor(t, 10*time.Second, fmt.Sprintf("log %v %q", level, msg), func() bool {
 		recs := c.records(level, msg)
 		if len(recs) == 0 {
 			return false
@@ -129,18 +131,6 @@ func (c *capture) waitFor(t *testing.T, level slog.Level, msg string) logRecord 
 		return true
 	})
 	return rec
-}
-
-// waitUntil polls cond until it holds or the timeout passes.
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // freePort returns a loopback port that was free a moment ago.

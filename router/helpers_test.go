@@ -21,6 +21,7 @@ import (
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/natstest"
+	"github.com/workermon/workermon/internal/promtest"
 )
 
 // testEnv is a router in front of fake engines, fed by a real in-process
@@ -100,7 +101,7 @@ func (e *testEnv) putRecord(t *testing.T, model string, free, busy []uint64, upd
 	if _, err := e.busy.Put(t.Context(), events.ModelKey(model), data); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "record seen by the router", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "record seen by the router", func() bool {
 		rec, _, ok := e.watcher.Record(model)
 		return ok && rec.Seq == seq
 	})
@@ -117,7 +118,7 @@ func (e *testEnv) putWorker(t *testing.T, model string, id uint64, endpoint stri
 	if _, err := e.workers.Put(t.Context(), events.RegistryKey(model, id), data); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "worker seen by the router", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "worker seen by the router", func() bool {
 		w, ok := e.registry.Lookup(model, id)
 		return ok && w.Endpoint == endpoint
 	})
@@ -153,47 +154,10 @@ func readAll(t *testing.T, resp *http.Response) []byte {
 // when there is no such series.
 func (e *testEnv) metric(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := e.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			got := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				got[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range labels {
-				if got[k] != v {
-					continue series
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue()
-			case m.GetHistogram() != nil:
-				return float64(m.GetHistogram().GetSampleCount())
-			}
-			return m.GetGauge().GetValue()
-		}
+	if v, ok := promtest.Value(t, e.reg, name, labels); ok {
+		return v
 	}
 	return -1
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // engine is a fake OpenAI-compatible engine.

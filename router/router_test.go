@@ -16,6 +16,7 @@ import (
 
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/natstest"
 )
 
 const model = "Qwen/Qwen3-0.6B"
@@ -46,7 +47,7 @@ func TestRoutesOnlyToFreeWorkers(t *testing.T) {
 		t.Errorf("admitted = %v, want %d", got, n)
 	}
 	// The duration is observed after the last byte went out.
-	waitFor(t, 5*time.Second, "every duration observed", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "every duration observed", func() bool {
 		return env.metric(t, "workermon_router_request_duration_seconds", map[string]string{"route": routeCompletions, "code": "200"}) == n
 	})
 
@@ -246,10 +247,10 @@ func TestClientCancellationReachesEngine(t *testing.T) {
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Errorf("client error %v", err)
 	}
-	waitFor(t, 5*time.Second, "cancellation counted", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "cancellation counted", func() bool {
 		return env.metric(t, "workermon_router_cancellations_total", map[string]string{"route": routeCompletions}) == 1
 	})
-	waitFor(t, 5*time.Second, "code 499 recorded", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "code 499 recorded", func() bool {
 		return env.metric(t, "workermon_router_request_duration_seconds", map[string]string{"code": "499"}) == 1
 	})
 }
@@ -288,7 +289,7 @@ func TestClientCancellationMidStream(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the engine did not see its stream cancelled")
 	}
-	waitFor(t, 5*time.Second, "cancellation counted", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "cancellation counted", func() bool {
 		return env.metric(t, "workermon_router_cancellations_total", map[string]string{"route": routeCompletions}) == 1
 	})
 }

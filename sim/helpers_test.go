@@ -22,9 +22,6 @@ import (
 // waitTimeout bounds every wait for something to happen over the network.
 const waitTimeout = 10 * time.Second
 
-// pollEvery is the pause between two looks of a deadline poll.
-const pollEvery = 5 * time.Millisecond
-
 // testHeartbeat is the publishers' heartbeat in these tests, short so that
 // silence is quick to tell.
 const testHeartbeat = 100 * time.Millisecond
@@ -71,13 +68,7 @@ func newEnv(t *testing.T) *env {
 // waitUntil polls cond until it holds, failing the test after waitTimeout.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", waitTimeout, what)
-		}
-		time.Sleep(pollEvery)
-	}
+	natstest.WaitFor(t, waitTimeout, what, cond)
 }
 
 // message is a decoded report or goodbye.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/workermon/workermon/api"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/natstest"
 )
 
 const (
@@ -101,7 +102,7 @@ func effectiveOf(t *testing.T, svc *service, model string) (api.ModelThresholds,
 // knownBy waits until the monitor knows model (a get-only POST answers 200).
 func knownBy(t *testing.T, svc *service, model string) {
 	t.Helper()
-	waitFor(t, 5*time.Second, model+" known", func() bool {
+	natstest.WaitFor(t, 5*time.Second, model+" known", func() bool {
 		code, _, _ := call(t, svc, "POST", "/busy_threshold", "", `{"model":"`+model+`"}`)
 		return code == http.StatusOK
 	})
@@ -115,7 +116,7 @@ func TestThresholdsAPI(t *testing.T) {
 	svc := testService(t, func(o *serveOptions) { longLived(o); o.adminToken = e2eToken })
 	nc, busy := connect(t, svc.natsURL)
 	publishReport(t, nc, e2eModel, 7, 50, 100) // 50% < 80% default: free
-	waitFor(t, 5*time.Second, "worker 7 free", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "worker 7 free", func() bool {
 		b, ok := record(t, busy, e2eModel)
 		return ok && slices.Equal(b.Free, []uint64{7}) && len(b.Busy) == 0
 	})
@@ -127,7 +128,7 @@ func TestThresholdsAPI(t *testing.T) {
 		t.Fatalf("set = %d %s, want 200 %s", code, body, wantSet)
 	}
 	// The record follows without a report: 50% > 40%.
-	waitFor(t, 5*time.Second, "worker 7 busy by the override", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "worker 7 busy by the override", func() bool {
 		b, _ := record(t, busy, e2eModel)
 		return slices.Equal(b.Busy, []uint64{7}) && len(b.Free) == 0 && b.AllBusy && b.Reasons["7"] == events.ReasonKV &&
 			b.Thresholds.Equal(events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.4)})
@@ -178,7 +179,7 @@ func TestThresholdsAPI(t *testing.T) {
 	if code != http.StatusOK || string(body) != wantDefaults {
 		t.Fatalf("delete = %d %s, want 200 %s", code, body, wantDefaults)
 	}
-	waitFor(t, 5*time.Second, "worker 7 free again", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "worker 7 free again", func() bool {
 		b, _ := record(t, busy, e2eModel)
 		return slices.Equal(b.Free, []uint64{7}) && len(b.Busy) == 0 && b.Thresholds.Equal(events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8)})
 	})
@@ -291,7 +292,7 @@ func TestThresholdsShared(t *testing.T) {
 		t.Fatalf("second lists %+v, %v; want %+v", m, ok, want)
 	}
 	// The second monitor applies it too (through its watcher).
-	waitFor(t, 5*time.Second, "second monitor applies the override", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "second monitor applies the override", func() bool {
 		code, _, body := call(t, second, "GET", "/busy?model="+e2eModel, "", "")
 		return code == http.StatusOK && strings.Contains(string(body), `"busy":[3]`) &&
 			strings.Contains(string(body), `"active_decode_blocks_threshold":0.25`)
@@ -303,7 +304,7 @@ func TestThresholdsShared(t *testing.T) {
 	if m, _ := effectiveOf(t, first, e2eModel); !m.Equal(events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8)}) {
 		t.Fatalf("first lists %+v after the delete", m)
 	}
-	waitFor(t, 5*time.Second, "first monitor back to the defaults", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "first monitor back to the defaults", func() bool {
 		_, _, body := call(t, first, "GET", "/busy?model="+e2eModel, "", "")
 		return strings.Contains(string(body), `"free":[3]`) && strings.Contains(string(body), `"active_decode_blocks_threshold":0.8`)
 	})
@@ -337,7 +338,7 @@ func TestThresholdsSurviveRestart(t *testing.T) {
 	}
 	nc2, busy := connect(t, after.natsURL)
 	publishReport(t, nc2, e2eModel, 5, 50, 100)
-	waitFor(t, 5*time.Second, "the restarted monitor applies the override", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "the restarted monitor applies the override", func() bool {
 		b, _ := record(t, busy, e2eModel)
 		return b.MonitorID != "" && b.Thresholds.Equal(want) && slices.Equal(b.Free, []uint64{5})
 	})

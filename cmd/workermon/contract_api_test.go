@@ -176,9 +176,7 @@ func long(flags ...string) []string {
 // TestContractThresholdAPI covers DESIGN §8.
 func TestContractThresholdAPI(t *testing.T) {
 	t.Parallel()
-	m := startMonitor(t, monOpt{flags: append([]string{"--active-decode-blocks-threshold", "0.5"}, longStale...)})
-	c := m.client(t)
-	kv := c.busyKV(t)
+	m, c, kv := startMonitorKV(t, monOpt{flags: append([]string{"--active-decode-blocks-threshold", "0.5"}, longStale...)})
 
 	model := "api/Model A.1"
 	// worker 1: prefill 200, kv 10/100: free under the default (kv only)
@@ -381,9 +379,7 @@ func TestContractThresholdAPI(t *testing.T) {
 // monitor is seen by a second monitor process on the same NATS, and back.
 func TestContractThresholdAPISecondMonitor(t *testing.T) {
 	t.Parallel()
-	m1 := startMonitor(t, monOpt{flags: append([]string{"--active-decode-blocks-threshold", "0.5"}, longStale...)})
-	c := m1.client(t)
-	kv := c.busyKV(t)
+	m1, c, kv := startMonitorKV(t, monOpt{flags: append([]string{"--active-decode-blocks-threshold", "0.5"}, longStale...)})
 	model := "second/mon.1"
 	newPub(t, c, model, 1).report(0, map[string]any{"active_prefill_tokens": 200})
 	waitLists(t, kv, model, lists{free: u64s(1)})

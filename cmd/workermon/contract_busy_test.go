@@ -28,9 +28,7 @@ func f(kv ...any) map[string]any {
 func runBusyCases(t *testing.T, flags []string, cases []busyCase) {
 	t.Helper()
 	t.Parallel()
-	m := startMonitor(t, monOpt{flags: long(flags...)})
-	c := m.client(t)
-	kv := c.busyKV(t)
+	_, c, kv := startMonitorKV(t, monOpt{flags: long(flags...)})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -167,9 +165,7 @@ func TestContractBusyRules(t *testing.T) {
 // all_busy is false and the record's thresholds is an empty map.
 func TestContractNoneSetRecord(t *testing.T) {
 	t.Parallel()
-	m := startMonitor(t, monOpt{flags: longStale})
-	c := m.client(t)
-	kv := c.busyKV(t)
+	_, c, kv := startMonitorKV(t, monOpt{flags: longStale})
 	model := newModel(t)
 	newPub(t, c, model, 1).report(0, f("active_decode_blocks", 100, "kv_total_blocks", 100, "active_prefill_tokens", 1<<40))
 	newPub(t, c, model, 2).report(0, f("active_decode_blocks", 100, "kv_total_blocks", 1, "active_prefill_tokens", 1<<40))
@@ -183,12 +179,8 @@ func TestContractNoneSetRecord(t *testing.T) {
 // TestContractDP covers data-parallel aggregation (DESIGN §5).
 func TestContractDP(t *testing.T) {
 	t.Parallel()
-	m := startMonitor(t, monOpt{flags: long(stateFlags...)})
-	c := m.client(t)
-	kv := c.busyKV(t)
-	ms := startMonitor(t, monOpt{flags: stateFlags}) // --stale-after 1s
-	cs := ms.client(t)
-	kvs := cs.busyKV(t)
+	m, c, kv := startMonitorKV(t, monOpt{flags: long(stateFlags...)})
+	_, cs, kvs := startMonitorKV(t, monOpt{flags: stateFlags}) // --stale-after 1s
 	hot := f("active_prefill_tokens", 500, "active_decode_blocks", 0, "kv_total_blocks", 100)
 	cold := f("active_prefill_tokens", 0, "active_decode_blocks", 0, "kv_total_blocks", 100)
 
@@ -280,12 +272,8 @@ func TestContractDP(t *testing.T) {
 // TestContractSources covers several sources for one worker (DESIGN §3).
 func TestContractSources(t *testing.T) {
 	t.Parallel()
-	m := startMonitor(t, monOpt{flags: long(stateFlags...)})
-	c := m.client(t)
-	kv := c.busyKV(t)
-	ms := startMonitor(t, monOpt{flags: stateFlags}) // --stale-after 1s
-	cs := ms.client(t)
-	kvs := cs.busyKV(t)
+	_, c, kv := startMonitorKV(t, monOpt{flags: long(stateFlags...)})
+	_, cs, kvs := startMonitorKV(t, monOpt{flags: stateFlags}) // --stale-after 1s
 
 	t.Run("max_over_sources_router_high", func(t *testing.T) {
 		t.Parallel()
@@ -305,10 +293,7 @@ func TestContractSources(t *testing.T) {
 		waitLists(t, kv, model, lists{busy: u64s(1)})
 		rt := newPub(t, c, model, 1).withSource("router/r1")
 		rt.report(0, f("active_prefill_tokens", 0, "active_decode_blocks", 0, "kv_total_blocks", 100))
-		r := barrier(t, c, model)
-		if r.where(1) != "busy" {
-			t.Errorf("router's low estimate hid the engine's high load: %v", r)
-		}
+		checkWhere(t, c, model, 1, "busy", "router's low estimate hid the engine's high load")
 		// per-source state: the engine going down to 20 frees the worker (max(20, 0)).
 		e.report(0, f("active_prefill_tokens", 20))
 		waitRecord(t, kv, model, "worker 1 free", func(r record) bool { return r.has("free", 1) })
@@ -324,22 +309,16 @@ func TestContractSources(t *testing.T) {
 		waitLists(t, kv, model, lists{free: u64s(2)})
 		rt := newPub(t, c, model, 2).withSource("router/r1")
 		rt.report(0, f("active_decode_blocks", 0, "kv_total_blocks", 0))
-		r := barrier(t, c, model)
-		if r.where(2) != "free" {
-			t.Errorf("unknown capacity (0) of another source counted: %v", r)
-		}
+		checkWhere(t, c, model, 2, "free", "unknown capacity (0) of another source counted")
 		rt.report(0, f("kv_total_blocks", 600)) // 400 > 0.5×600
-		r = waitRecord(t, kv, model, "worker 2 busy (kv, capacity 600)", func(r record) bool { return r.has("busy", 2) })
+		r := waitRecord(t, kv, model, "worker 2 busy (kv, capacity 600)", func(r record) bool { return r.has("busy", 2) })
 		if r.reasons()["2"] != "kv" {
 			t.Errorf("reason %q, want kv", r.reasons()["2"])
 		}
 		e.report(0, f("kv_total_blocks", 500)) // 400 > 250: still busy with the smaller engine capacity
 		barrier(t, c, model)
 		rt.report(0, f("kv_total_blocks", 2000)) // min(500, 2000) = 500: 400 > 250 busy
-		r = barrier(t, c, model)
-		if r.where(2) != "busy" {
-			t.Errorf("want busy with min capacity 500: %v", r)
-		}
+		checkWhere(t, c, model, 2, "busy", "want busy with min capacity 500")
 		e.report(0, f("kv_total_blocks", 1000)) // min(1000, 2000): 400 ≤ 500 free
 		waitRecord(t, kv, model, "worker 2 free (capacity 1000)", func(r record) bool { return r.has("free", 2) })
 	})

@@ -95,9 +95,7 @@ func nested(depth int, open byte, leaf []byte) raw {
 func TestContractHostileInput(t *testing.T) {
 	t.Parallel()
 	// long --stale-after: accepted workers must still be free when checked
-	m := startMonitor(t, monOpt{flags: append(append([]string{}, stateFlags...), longStale...)})
-	c := m.client(t)
-	kv := c.busyKV(t)
+	m, c, kv := startMonitorKV(t, monOpt{flags: append(append([]string{}, stateFlags...), longStale...)})
 	model := "hostile/model.1"
 	nextID := uint64(1000)
 	type hcase struct {

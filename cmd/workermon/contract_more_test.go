@@ -20,9 +20,7 @@ func TestContractRestartWithoutReports(t *testing.T) {
 	t.Parallel()
 	dataDir := t.TempDir()
 	natsAddr := freeAddr(t)
-	m1 := startMonitor(t, monOpt{dataDir: dataDir, natsAddr: natsAddr, flags: stateFlags})
-	c := m1.client(t)
-	kv := c.busyKV(t)
+	m1, c, kv := startMonitorKV(t, monOpt{dataDir: dataDir, natsAddr: natsAddr, flags: stateFlags})
 	model := newModel(t)
 	newPub(t, c, model, 1).report(0, hotLoad)
 	r1 := waitLists(t, kv, model, lists{busy: u64s(1)})
@@ -148,9 +146,7 @@ func TestContractBucketsCreated(t *testing.T) {
 // workermon-thresholds (as another replica would) takes effect.
 func TestContractThresholdBucketDirect(t *testing.T) {
 	t.Parallel()
-	m := startMonitor(t, monOpt{flags: append([]string{"--active-decode-blocks-threshold", "0.5"}, longStale...)})
-	c := m.client(t)
-	kv := c.busyKV(t)
+	m, c, kv := startMonitorKV(t, monOpt{flags: append([]string{"--active-decode-blocks-threshold", "0.5"}, longStale...)})
 	model := "direct/Model.v2"
 	newPub(t, c, model, 1).report(0, map[string]any{"active_prefill_tokens": 200, "kv_total_blocks": 100, "active_decode_blocks": 10})
 	waitLists(t, kv, model, lists{free: u64s(1)})
@@ -210,9 +206,7 @@ func TestContractThresholdBucketDirect(t *testing.T) {
 // TestContractSubjectPrefixAndEnv: --subject-prefix and NATS_URL.
 func TestContractSubjectPrefixAndEnv(t *testing.T) {
 	t.Parallel()
-	m := startMonitor(t, monOpt{flags: []string{"--subject-prefix", "acme.wm", "--active-prefill-tokens-threshold", "100"}})
-	c := m.client(t)
-	kv := c.busyKV(t)
+	m, c, kv := startMonitorKV(t, monOpt{flags: []string{"--subject-prefix", "acme.wm", "--active-prefill-tokens-threshold", "100"}})
 	model := newModel(t)
 	p := newPub(t, c, model, 1)
 	msg := p.msg(0, hotLoad)
@@ -240,9 +234,7 @@ func TestContractSubjectPrefixAndEnv(t *testing.T) {
 // (earlier sent_at) does not remove the restarted worker.
 func TestContractGoodbyeOfDeadBoot(t *testing.T) {
 	t.Parallel()
-	m := startMonitor(t, monOpt{flags: long(stateFlags...)})
-	c := m.client(t)
-	kv := c.busyKV(t)
+	_, c, kv := startMonitorKV(t, monOpt{flags: long(stateFlags...)})
 	model := newModel(t)
 	p := newPub(t, c, model, 1)
 	p.report(0, hotLoad)
@@ -253,19 +245,14 @@ func TestContractGoodbyeOfDeadBoot(t *testing.T) {
 	barrier(t, c, model)
 	bye := map[string]any{"v": 1, "model": model, "worker_id": uint64(1), "boot_id": oldBoot, "seq": oldSeq + 1, "sent_at": oldAt}
 	publish(t, c.nc, byeSubject(model, 1), enc(t, bye))
-	r := barrier(t, c, model)
-	if r.where(1) != "busy" {
-		t.Errorf("a late goodbye of the dead boot removed the restarted worker: %v", r)
-	}
+	checkWhere(t, c, model, 1, "busy", "a late goodbye of the dead boot removed the restarted worker")
 }
 
 // TestContractModelNames: the record key is model_key(model); the record's
 // model is the name itself.
 func TestContractModelNames(t *testing.T) {
 	t.Parallel()
-	m := startMonitor(t, monOpt{flags: long(stateFlags...)})
-	c := m.client(t)
-	kv := c.busyKV(t)
+	_, c, kv := startMonitorKV(t, monOpt{flags: long(stateFlags...)})
 	for _, name := range []string{"Qwen/Qwen3-0.6B", "a b", "x=y", "m*>.~!é😀", "A", strings.Repeat("z", 256), "under_score-dash/slash", "tab\tnew\nline"} {
 		name := name
 		t.Run(fmt.Sprintf("%.20q", name), func(t *testing.T) {
@@ -282,18 +269,13 @@ func TestContractModelNames(t *testing.T) {
 // TestContractManyRanks: a worker with 8 DP ranks is busy only once all 8 are.
 func TestContractManyRanks(t *testing.T) {
 	t.Parallel()
-	m := startMonitor(t, monOpt{flags: long(stateFlags...)})
-	c := m.client(t)
-	kv := c.busyKV(t)
+	m, c, kv := startMonitorKV(t, monOpt{flags: long(stateFlags...)})
 	model := newModel(t)
 	p := newPub(t, c, model, 1).withDP(16, 8)
 	for r := uint32(16); r < 23; r++ {
 		p.report(r, hotLoad)
 	}
-	r := barrier(t, c, model)
-	if r.where(1) != "free" {
-		t.Errorf("7 of 8 ranks busy: want free: %v", r)
-	}
+	checkWhere(t, c, model, 1, "free", "7 of 8 ranks busy: want free")
 	p.report(23, hotLoad)
 	waitRecord(t, kv, model, "all 8 ranks busy", func(r record) bool { return r.has("busy", 1) })
 	// a huge declared range is rejected or bounded, never a crash
@@ -302,7 +284,7 @@ func TestContractManyRanks(t *testing.T) {
 	q.report(0, hotLoad)
 	edge := newPub(t, c, model, 3).withDP(1<<32-1, 2)
 	edge.report(1<<32-1, hotLoad)
-	r = barrier(t, c, model)
+	r := barrier(t, c, model)
 	if !m.alive() {
 		t.Fatalf("monitor died")
 	}
@@ -320,15 +302,11 @@ func TestContractManyRanks(t *testing.T) {
 // TestContractRouterRegistryDeletion: a deregistered worker gets no more requests.
 func TestContractRouterRegistryDeletion(t *testing.T) {
 	t.Parallel()
-	natsURL := startNATS(t)
-	c := connect(t, natsURL)
-	bkv := ensureKV(t, c, busyBucket, 0)
-	wkv := ensureKV(t, c, workersBucket, 30*time.Second)
+	natsURL, bkv, wkv := routerNATS(t)
 	r := startRouter(t, natsURL)
 	model := newModel(t)
 	e1, e2 := newEngine(t, 1, nil), newEngine(t, 2, nil)
-	register(t, wkv, model, 1, e1.srv.URL)
-	register(t, wkv, model, 2, e2.srv.URL)
+	registerEngines(t, wkv, model, e1, e2)
 	keepRecord(t, bkv, model, nil, u64s(1, 2))
 	waitRoutedTo(t, r.base, model, 1, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
@@ -337,15 +315,7 @@ func TestContractRouterRegistryDeletion(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond)
-	b1 := e1.hits.Load()
-	for i := 0; i < 10; i++ {
-		if h := completion(t, r.base, "/v1/completions", model); h.code != 200 || engineOf(h) != 2 {
-			t.Errorf("request %d: %d %s", i, h.code, h.body)
-		}
-	}
-	if e1.hits.Load() != b1 {
-		t.Errorf("deregistered worker 1 still used")
-	}
+	checkOnlyRoutedTo(t, r.base, model, 10, 2, "deregistered", e1)
 	// the router found via NATS_URL (no --nats-url)
 	addr := freeAddr(t)
 	p := startProcEnv(t, "router-env", []string{"NATS_URL=" + natsURL}, "router", "--http-addr", addr, "--stale-list-after", "1s")
@@ -357,10 +327,7 @@ func TestContractRouterRegistryDeletion(t *testing.T) {
 // router no longer applies the old list (no record: admit).
 func TestContractRouterRecordDeleted(t *testing.T) {
 	t.Parallel()
-	natsURL := startNATS(t)
-	c := connect(t, natsURL)
-	bkv := ensureKV(t, c, busyBucket, 0)
-	wkv := ensureKV(t, c, workersBucket, 30*time.Second)
+	natsURL, bkv, wkv := routerNATS(t)
 	addr := freeAddr(t)
 	p := startProc(t, "router", "router", "--nats-url", natsURL, "--http-addr", addr, "--stale-list-after", "30s")
 	base := "http://" + addr
@@ -402,10 +369,7 @@ func TestContractRouterRecordDeleted(t *testing.T) {
 // one string prompt migrates.
 func TestContractRouterNoMigrationForChat(t *testing.T) {
 	t.Parallel()
-	natsURL := startNATS(t)
-	c := connect(t, natsURL)
-	bkv := ensureKV(t, c, busyBucket, 0)
-	wkv := ensureKV(t, c, workersBucket, 30*time.Second)
+	natsURL, bkv, wkv := routerNATS(t)
 	r := startRouter(t, natsURL, "--migration-limit", "2")
 	for _, tc := range []struct{ path, body string }{
 		{"/v1/chat/completions", `{"model":%q,"messages":[{"role":"user","content":"x"}],"max_tokens":10,"stream":true}`},
@@ -418,8 +382,7 @@ func TestContractRouterNoMigrationForChat(t *testing.T) {
 			fmt.Fprint(w, sseChunk("partial", nil, nil))
 		}
 		e1, e2 := newEngine(t, 1, cut), newEngine(t, 2, cut)
-		register(t, wkv, model, 1, e1.srv.URL)
-		register(t, wkv, model, 2, e2.srv.URL)
+		registerEngines(t, wkv, model, e1, e2)
 		keepRecord(t, bkv, model, nil, u64s(1, 2))
 		time.Sleep(300 * time.Millisecond)
 		h := doHTTP(t, "POST", r.base+tc.path, "application/json", []byte(fmt.Sprintf(tc.body, model)))

@@ -180,9 +180,7 @@ func checkRecord(t testing.TB, r record, model string) {
 // TestContractRecordShape checks every field of a record (DESIGN §6).
 func TestContractRecordShape(t *testing.T) {
 	t.Parallel()
-	m := startMonitor(t, monOpt{flags: []string{"--active-decode-blocks-threshold", "0.5", "--active-prefill-tokens-threshold", "100"}})
-	c := m.client(t)
-	kv := c.busyKV(t)
+	_, c, kv := startMonitorKV(t, monOpt{flags: []string{"--active-decode-blocks-threshold", "0.5", "--active-prefill-tokens-threshold", "100"}})
 
 	t.Run("full_record", func(t *testing.T) {
 		t.Parallel()
@@ -220,22 +218,25 @@ func TestContractRecordShape(t *testing.T) {
 			t.Errorf("all_busy type")
 		}
 	})
-	t.Run("empty_lists_are_empty_arrays", func(t *testing.T) {
-		t.Parallel()
-		model := newModel(t)
-		newPub(t, c, model, 1).report(0, coldLoad)
-		r := waitLists(t, kv, model, lists{free: u64s(1)})
-		checkRecord(t, r, model)
-		checkRawShape(t, r.raw, map[string]byte{"busy": 0x90, "stale": 0x90, "reasons": 0x80, "all_busy": 0xc2})
-	})
-	t.Run("all_busy_true", func(t *testing.T) {
-		t.Parallel()
-		model := newModel(t)
-		newPub(t, c, model, 1).report(0, hotLoad)
-		r := waitLists(t, kv, model, lists{busy: u64s(1)})
-		checkRecord(t, r, model)
-		checkRawShape(t, r.raw, map[string]byte{"free": 0x90, "stale": 0x90, "all_busy": 0xc3})
-	})
+	// one worker, free or busy: the record's raw shape
+	for _, tc := range []struct {
+		name  string
+		load  map[string]any
+		lists lists
+		raw   map[string]byte
+	}{
+		{"empty_lists_are_empty_arrays", coldLoad, lists{free: u64s(1)}, map[string]byte{"busy": 0x90, "stale": 0x90, "reasons": 0x80, "all_busy": 0xc2}},
+		{"all_busy_true", hotLoad, lists{busy: u64s(1)}, map[string]byte{"free": 0x90, "stale": 0x90, "all_busy": 0xc3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			model := newModel(t)
+			newPub(t, c, model, 1).report(0, tc.load)
+			r := waitLists(t, kv, model, tc.lists)
+			checkRecord(t, r, model)
+			checkRawShape(t, r.raw, tc.raw)
+		})
+	}
 	t.Run("seq_increases_and_heartbeat_advances_updated_at", func(t *testing.T) {
 		t.Parallel()
 		model := newModel(t)
@@ -305,9 +306,7 @@ func TestContractRestartWarmupEpoch(t *testing.T) {
 func testRestartWarmupEpoch(t *testing.T, hard bool) {
 	dataDir := t.TempDir()
 	natsAddr := freeAddr(t)
-	m1 := startMonitor(t, monOpt{dataDir: dataDir, natsAddr: natsAddr, flags: []string{"--active-prefill-tokens-threshold", "100"}})
-	c := m1.client(t)
-	kv := c.busyKV(t)
+	m1, c, kv := startMonitorKV(t, monOpt{dataDir: dataDir, natsAddr: natsAddr, flags: []string{"--active-prefill-tokens-threshold", "100"}})
 	model := newModel(t)
 	p := newPub(t, c, model, 1)
 	p.report(0, map[string]any{"active_prefill_tokens": 150})
@@ -333,9 +332,7 @@ func testRestartWarmupEpoch(t *testing.T, hard bool) {
 
 	const warm = 2 * time.Second
 	t0 := time.Now()
-	m2 := startMonitor(t, monOpt{dataDir: dataDir, natsAddr: natsAddr, flags: []string{"--active-prefill-tokens-threshold", "100", "--warmup", warm.String()}})
-	c2 := m2.client(t)
-	kv2 := c2.busyKV(t)
+	m2, _, kv2 := startMonitorKV(t, monOpt{dataDir: dataDir, natsAddr: natsAddr, flags: []string{"--active-prefill-tokens-threshold", "100", "--warmup", warm.String()}})
 	first, ok := getRecord(t, kv2, model)
 	if !ok {
 		t.Fatalf("record lost across the restart")
@@ -385,9 +382,7 @@ func TestContractWarmupFreshStart(t *testing.T) {
 	t.Parallel()
 	const warm = 1500 * time.Millisecond
 	t0 := time.Now()
-	m := startMonitor(t, monOpt{flags: []string{"--active-prefill-tokens-threshold", "100", "--warmup", warm.String()}})
-	c := m.client(t)
-	kv := c.busyKV(t)
+	_, c, kv := startMonitorKV(t, monOpt{flags: []string{"--active-prefill-tokens-threshold", "100", "--warmup", warm.String()}})
 	model := newModel(t)
 	stop := newPub(t, c, model, 1).keepAlive(hotLoad)
 	defer stop()

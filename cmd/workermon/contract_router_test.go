@@ -52,6 +52,15 @@ func ensureKV(t testing.TB, c *natsClient, bucket string, ttl time.Duration) jet
 	return kv
 }
 
+// routerNATS starts a NATS server with the buckets a router reads: its URL,
+// workermon-busy and workermon-workers (30s TTL).
+func routerNATS(t testing.TB) (natsURL string, bkv, wkv jetstream.KeyValue) {
+	t.Helper()
+	natsURL = startNATS(t)
+	c := connect(t, natsURL)
+	return natsURL, ensureKV(t, c, busyBucket, 0), ensureKV(t, c, workersBucket, 30*time.Second)
+}
+
 // router is one `workermon router` process.
 type router struct {
 	*proc
@@ -126,6 +135,14 @@ func register(t testing.TB, wkv jetstream.KeyValue, model string, id uint64, end
 	defer cancel()
 	if _, err := wkv.Put(ctx, fmt.Sprintf("%s.%d", modelKey(model), id), b); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// registerEngines registers each engine as worker e.id of model.
+func registerEngines(t testing.TB, wkv jetstream.KeyValue, model string, es ...*engine) {
+	t.Helper()
+	for _, e := range es {
+		register(t, wkv, model, e.id, e.srv.URL)
 	}
 }
 
@@ -255,6 +272,16 @@ func checkRouterError(t testing.TB, what string, h httpResp, status int) map[str
 	return m
 }
 
+// checkNoWorkers checks the router error for a model without a registered
+// worker: 503 whose message says "no workers available" (DESIGN §7c).
+func checkNoWorkers(t testing.TB, what string, h httpResp) {
+	t.Helper()
+	m := checkRouterError(t, what, h, 503)
+	if s, _ := m["message"].(string); !strings.Contains(s, "no workers available") {
+		t.Errorf("%s: message %q lacks \"no workers available\"", what, s)
+	}
+}
+
 // checkAllBusy checks the exact rejection of DESIGN §7.
 func checkAllBusy(t testing.TB, what string, h httpResp, status int) {
 	t.Helper()
@@ -340,12 +367,29 @@ func waitRoutedTo(t testing.TB, base, model string, ids ...uint64) {
 	}
 }
 
+// checkOnlyRoutedTo sends n completions: engine id must answer each with 200,
+// and none may reach the engines in not (why they must not: "busy", ...).
+func checkOnlyRoutedTo(t testing.TB, base, model string, n int, id uint64, why string, not ...*engine) {
+	t.Helper()
+	before := make([]int64, len(not))
+	for i, e := range not {
+		before[i] = e.hits.Load()
+	}
+	for i := 0; i < n; i++ {
+		if h := completion(t, base, "/v1/completions", model); h.code != 200 || engineOf(h) != id {
+			t.Errorf("request %d: %d from %d: %s", i, h.code, engineOf(h), h.body)
+		}
+	}
+	for i, e := range not {
+		if got := e.hits.Load() - before[i]; got != 0 {
+			t.Errorf("%s worker %d got %d of %d requests", why, e.id, got, n)
+		}
+	}
+}
+
 func TestContractRouter(t *testing.T) {
 	t.Parallel()
-	natsURL := startNATS(t)
-	c := connect(t, natsURL)
-	bkv := ensureKV(t, c, busyBucket, 0)
-	wkv := ensureKV(t, c, workersBucket, 30*time.Second)
+	natsURL, bkv, wkv := routerNATS(t)
 	r := startRouter(t, natsURL)
 
 	t.Run("no_record_admits", func(t *testing.T) {
@@ -363,8 +407,7 @@ func TestContractRouter(t *testing.T) {
 		t.Parallel()
 		model := newModel(t)
 		e1, e2 := newEngine(t, 1, nil), newEngine(t, 2, nil)
-		register(t, wkv, model, 1, e1.srv.URL)
-		register(t, wkv, model, 2, e2.srv.URL)
+		registerEngines(t, wkv, model, e1, e2)
 		keepRecord(t, bkv, model, u64s(1, 2), nil)
 		time.Sleep(300 * time.Millisecond)
 		h := waitAllBusy(t, r.base, "/v1/completions", model, 503)
@@ -404,34 +447,17 @@ func TestContractRouter(t *testing.T) {
 		// the list changes: now only 3 is free
 		lr.set(u64s(1, 2), u64s(3))
 		waitRoutedTo(t, r.base, model, 3)
-		b1, b2 := es[1].hits.Load(), es[2].hits.Load()
-		for i := 0; i < 20; i++ {
-			if h := completion(t, r.base, "/v1/completions", model); h.code != 200 || engineOf(h) != 3 {
-				t.Errorf("request %d: %d from %d", i, h.code, engineOf(h))
-			}
-		}
-		if es[1].hits.Load() != b1 || es[2].hits.Load() != b2 {
-			t.Errorf("busy workers got requests")
-		}
+		checkOnlyRoutedTo(t, r.base, model, 20, 3, "busy", es[1], es[2])
 	})
 	t.Run("free_but_unregistered_falls_back_to_registered_not_busy", func(t *testing.T) {
 		t.Parallel()
 		model := newModel(t)
 		e3, e6 := newEngine(t, 3, nil), newEngine(t, 6, nil)
-		register(t, wkv, model, 3, e3.srv.URL)
-		register(t, wkv, model, 6, e6.srv.URL)
+		registerEngines(t, wkv, model, e3, e6)
 		keepRecord(t, bkv, model, u64s(3), u64s(5))
 		time.Sleep(300 * time.Millisecond)
 		waitRoutedTo(t, r.base, model, 6)
-		b3 := e3.hits.Load()
-		for i := 0; i < 10; i++ {
-			if h := completion(t, r.base, "/v1/completions", model); h.code != 200 || engineOf(h) != 6 {
-				t.Errorf("request %d: %d from %d", i, h.code, engineOf(h))
-			}
-		}
-		if e3.hits.Load() != b3 {
-			t.Errorf("busy worker 3 used")
-		}
+		checkOnlyRoutedTo(t, r.base, model, 10, 6, "busy", e3)
 	})
 	t.Run("only_busy_registered_worker_never_used", func(t *testing.T) {
 		t.Parallel()
@@ -483,10 +509,7 @@ func TestContractRouter(t *testing.T) {
 		t.Parallel()
 		model := newModel(t)
 		h := completion(t, r.base, "/v1/completions", model)
-		m := checkRouterError(t, "no record, no worker", h, 503)
-		if s, _ := m["message"].(string); !strings.Contains(s, "no workers available") {
-			t.Errorf("message %q lacks \"no workers available\"", s)
-		}
+		checkNoWorkers(t, "no record, no worker", h)
 		if string(h.body) == allBusyBody {
 			t.Errorf("all-busy body for a model without workers")
 		}
@@ -495,10 +518,7 @@ func TestContractRouter(t *testing.T) {
 		keepRecord(t, bkv, model2, nil, u64s(1))
 		time.Sleep(300 * time.Millisecond)
 		h = completion(t, r.base, "/v1/completions", model2)
-		m = checkRouterError(t, "record, no registered worker", h, 503)
-		if s, _ := m["message"].(string); !strings.Contains(s, "no workers available") {
-			t.Errorf("message %q lacks \"no workers available\"", s)
-		}
+		checkNoWorkers(t, "record, no registered worker", h)
 	})
 	t.Run("no_registered_worker_with_all_busy_record_503", func(t *testing.T) {
 		t.Parallel()
@@ -508,10 +528,7 @@ func TestContractRouter(t *testing.T) {
 		keepRecord(t, bkv, model, u64s(1, 2), nil)
 		time.Sleep(300 * time.Millisecond)
 		h := completion(t, r.base, "/v1/completions", model)
-		m := checkRouterError(t, "all_busy record, no registered worker", h, 503)
-		if s, _ := m["message"].(string); !strings.Contains(s, "no workers available") {
-			t.Errorf("message %q lacks \"no workers available\"", s)
-		}
+		checkNoWorkers(t, "all_busy record, no registered worker", h)
 		if string(h.body) == allBusyBody {
 			t.Errorf("the all-busy body for a model without a registered worker")
 		}
@@ -674,11 +691,7 @@ func TestContractRouter(t *testing.T) {
 		keepRecord(t, bkv, model, nil, u64s(1, 2))
 		time.Sleep(300 * time.Millisecond)
 		waitRoutedTo(t, r.base, model, 2)
-		for i := 0; i < 10; i++ {
-			if h := completion(t, r.base, "/v1/completions", model); h.code != 200 || engineOf(h) != 2 {
-				t.Errorf("request %d: %d %s", i, h.code, h.body)
-			}
-		}
+		checkOnlyRoutedTo(t, r.base, model, 10, 2, "")
 	})
 	t.Run("all_unreachable_502", func(t *testing.T) {
 		t.Parallel()
@@ -708,10 +721,7 @@ func TestContractRouter(t *testing.T) {
 
 func TestContractRouterRejectStatus(t *testing.T) {
 	t.Parallel()
-	natsURL := startNATS(t)
-	c := connect(t, natsURL)
-	bkv := ensureKV(t, c, busyBucket, 0)
-	wkv := ensureKV(t, c, workersBucket, 30*time.Second)
+	natsURL, bkv, wkv := routerNATS(t)
 	for _, status := range []int{429, 529} {
 		r := startRouter(t, natsURL, "--reject-status", strconv.Itoa(status), "--retry-after", "2500ms")
 		model := newModel(t)
@@ -738,10 +748,7 @@ func sseChunk(text string, finish any, usage any) string {
 
 func TestContractRouterMigration(t *testing.T) {
 	t.Parallel()
-	natsURL := startNATS(t)
-	c := connect(t, natsURL)
-	bkv := ensureKV(t, c, busyBucket, 0)
-	wkv := ensureKV(t, c, workersBucket, 30*time.Second)
+	natsURL, bkv, wkv := routerNATS(t)
 	r := startRouter(t, natsURL, "--migration-limit", "1")
 
 	type call struct {
@@ -764,8 +771,7 @@ func TestContractRouterMigration(t *testing.T) {
 			cut(k, w)
 		}
 		e1, e2 := newEngine(t, 1, h), newEngine(t, 2, h)
-		register(t, wkv, model, 1, e1.srv.URL)
-		register(t, wkv, model, 2, e2.srv.URL)
+		registerEngines(t, wkv, model, e1, e2)
 		keepRecord(t, bkv, model, nil, u64s(1, 2))
 		time.Sleep(400 * time.Millisecond)
 		body := fmt.Sprintf(`{"model":%q,"prompt":"Say:","max_tokens":10,"stream":true}`, model)
@@ -849,23 +855,14 @@ func TestContractRouterWithMonitor(t *testing.T) {
 	r := startRouter(t, m.natsURL)
 	model := "Qwen/Qwen3-0.6B"
 	e1, e2 := newEngine(t, 1, nil), newEngine(t, 2, nil)
-	register(t, wkv, model, 1, e1.srv.URL)
-	register(t, wkv, model, 2, e2.srv.URL)
+	registerEngines(t, wkv, model, e1, e2)
 	p1, p2 := newPub(t, c, model, 1), newPub(t, c, model, 2)
 	stop1 := p1.keepAlive(hotLoad)
 	defer stop1()
 	stop2 := p2.keepAlive(coldLoad)
 	waitLists(t, c.busyKV(t), model, lists{busy: u64s(1), free: u64s(2)})
 	waitRoutedTo(t, r.base, model, 2)
-	b1 := e1.hits.Load()
-	for i := 0; i < 10; i++ {
-		if h := completion(t, r.base, "/v1/completions", model); h.code != 200 || engineOf(h) != 2 {
-			t.Errorf("request %d: %d %s", i, h.code, h.body)
-		}
-	}
-	if e1.hits.Load() != b1 {
-		t.Errorf("busy worker 1 got requests")
-	}
+	checkOnlyRoutedTo(t, r.base, model, 10, 2, "busy", e1)
 	stop2()
 	p2.keepAlive(hotLoad)
 	waitLists(t, c.busyKV(t), model, lists{busy: u64s(1, 2)})

@@ -17,9 +17,7 @@ var (
 // TestContractStaleness covers --stale-after and --gone-after (DESIGN §5, §6).
 func TestContractStaleness(t *testing.T) {
 	t.Parallel()
-	m := startMonitor(t, monOpt{flags: stateFlags})
-	c := m.client(t)
-	kv := c.busyKV(t)
+	_, c, kv := startMonitorKV(t, monOpt{flags: stateFlags})
 
 	t.Run("one_busy_beside_stale_is_all_busy", func(t *testing.T) {
 		t.Parallel()
@@ -107,9 +105,7 @@ func TestContractStaleness(t *testing.T) {
 // TestContractDedupe covers seq, boot restarts and dead boots (DESIGN §3).
 func TestContractDedupe(t *testing.T) {
 	t.Parallel()
-	m := startMonitor(t, monOpt{flags: long(stateFlags...)})
-	c := m.client(t)
-	kv := c.busyKV(t)
+	m, c, kv := startMonitorKV(t, monOpt{flags: long(stateFlags...)})
 
 	t.Run("same_and_lower_seq_dropped", func(t *testing.T) {
 		t.Parallel()
@@ -121,16 +117,10 @@ func TestContractDedupe(t *testing.T) {
 		before := m.rejected(t, "")
 		p.seq = 4
 		p.report(0, coldLoad) // seq 5 again
-		r := barrier(t, c, model)
-		if r.where(1) != "busy" {
-			t.Errorf("a report with the same seq was applied: %v", r)
-		}
+		checkWhere(t, c, model, 1, "busy", "a report with the same seq was applied")
 		p.seq = 3
 		p.report(0, coldLoad) // seq 4
-		r = barrier(t, c, model)
-		if r.where(1) != "busy" {
-			t.Errorf("a report with a lower seq was applied: %v", r)
-		}
+		checkWhere(t, c, model, 1, "busy", "a report with a lower seq was applied")
 		m.waitRejected(t, "", before+2)
 		p.seq = 5
 		p.report(0, coldLoad) // seq 6
@@ -147,10 +137,7 @@ func TestContractDedupe(t *testing.T) {
 		q.boot = p.boot
 		q.seq = 9
 		q.report(0, coldLoad) // seq 10 again, source "engine": the same counter
-		r := barrier(t, c, model)
-		if r.where(7) != "busy" {
-			t.Errorf("source \"engine\" and an omitted source are not the same: %v", r)
-		}
+		checkWhere(t, c, model, 7, "busy", "source \"engine\" and an omitted source are not the same")
 		q.report(0, coldLoad) // seq 11
 		waitRecord(t, kv, model, "worker 7 free", func(r record) bool { return r.has("free", 7) })
 	})
@@ -163,10 +150,7 @@ func TestContractDedupe(t *testing.T) {
 		waitLists(t, kv, model, lists{busy: u64s(2)})
 		p.seq = 1
 		p.report(1, coldLoad) // seq 2 again, other rank: duplicate of the publisher's counter
-		r := barrier(t, c, model)
-		if r.where(2) != "busy" {
-			t.Errorf("seq 2 accepted twice (counter is per publisher, shared by ranks): %v", r)
-		}
+		checkWhere(t, c, model, 2, "busy", "seq 2 accepted twice (counter is per publisher, shared by ranks)")
 	})
 	t.Run("new_boot_later_sent_at_resets", func(t *testing.T) {
 		t.Parallel()
@@ -180,10 +164,7 @@ func TestContractDedupe(t *testing.T) {
 		p.newBoot()
 		// boot B, seq 1 (< 102): rank 0 hot. If boot A's rank 1 state survived, the worker would be busy.
 		p.report(0, hotLoad)
-		r := barrier(t, c, model)
-		if r.where(3) != "free" {
-			t.Errorf("after a restart (new boot_id, later sent_at), the old boot's state must be dropped and the new seq accepted: worker 3 in %q: %v", r.where(3), r)
-		}
+		checkWhere(t, c, model, 3, "free", "after a restart (new boot_id, later sent_at), the old boot's state must be dropped and the new seq accepted")
 		// boot B, seq 2: rank 1 hot: now busy (shows boot B is accepted)
 		p.report(1, hotLoad)
 		waitRecord(t, kv, model, "worker 3 busy", func(r record) bool { return r.has("busy", 3) })
@@ -198,10 +179,7 @@ func TestContractDedupe(t *testing.T) {
 		late["boot_id"] = oldBoot
 		late["active_prefill_tokens"] = 0
 		publish(t, c.nc, loadSubject(model, 3, 0), enc(t, late))
-		r = barrier(t, c, model)
-		if r.where(3) != "busy" {
-			t.Errorf("late message of a dead boot was applied: %v", r)
-		}
+		checkWhere(t, c, model, 3, "busy", "late message of a dead boot was applied")
 		m.waitRejected(t, "", before+1)
 	})
 	t.Run("new_boot_compared_with_last_report_of_current_boot", func(t *testing.T) {
@@ -215,10 +193,7 @@ func TestContractDedupe(t *testing.T) {
 		p.newBoot()
 		// later than boot A's first report but earlier than its last: a dead boot
 		p.report(0, map[string]any{"active_prefill_tokens": 500, "sent_at": now + int64(5*time.Second)})
-		r := barrier(t, c, model)
-		if r.where(6) != "free" {
-			t.Errorf("a boot whose sent_at is earlier than the current boot's last report was accepted: %v", r)
-		}
+		checkWhere(t, c, model, 6, "free", "a boot whose sent_at is earlier than the current boot's last report was accepted")
 		p.report(0, map[string]any{"active_prefill_tokens": 500, "sent_at": now + int64(20*time.Second)})
 		waitRecord(t, kv, model, "worker 6 busy (new boot, later sent_at)", func(r record) bool { return r.has("busy", 6) })
 	})
@@ -230,10 +205,7 @@ func TestContractDedupe(t *testing.T) {
 		waitLists(t, kv, model, lists{busy: u64s(4)})
 		p.newBoot()
 		p.report(0, map[string]any{"kv_total_blocks": 100}) // no prefill: the old boot's 500 must be gone
-		r := barrier(t, c, model)
-		if r.where(4) != "free" {
-			t.Errorf("a new boot inherited the old boot's prefill: %v", r)
-		}
+		checkWhere(t, c, model, 4, "free", "a new boot inherited the old boot's prefill")
 	})
 	t.Run("restart_of_one_source_keeps_other", func(t *testing.T) {
 		t.Parallel()
@@ -245,22 +217,15 @@ func TestContractDedupe(t *testing.T) {
 		waitLists(t, kv, model, lists{busy: u64s(5)})
 		rt.newBoot()
 		rt.report(0, coldLoad)
-		r := barrier(t, c, model)
-		if r.where(5) != "busy" {
-			t.Errorf("a router's restart dropped the engine's state: %v", r)
-		}
+		checkWhere(t, c, model, 5, "busy", "a router's restart dropped the engine's state")
 	})
 }
 
 // TestContractGoodbye covers goodbyes (DESIGN §4).
 func TestContractGoodbye(t *testing.T) {
 	t.Parallel()
-	m := startMonitor(t, monOpt{flags: long(stateFlags...)})
-	c := m.client(t)
-	kv := c.busyKV(t)
-	ms := startMonitor(t, monOpt{flags: stateFlags}) // --gone-after 3s
-	cs := ms.client(t)
-	kvs := cs.busyKV(t)
+	m, c, kv := startMonitorKV(t, monOpt{flags: long(stateFlags...)})
+	_, cs, kvs := startMonitorKV(t, monOpt{flags: stateFlags}) // --gone-after 3s
 
 	t.Run("engine_goodbye_removes_worker", func(t *testing.T) {
 		t.Parallel()
@@ -281,10 +246,7 @@ func TestContractGoodbye(t *testing.T) {
 		before := m.rejected(t, "")
 		e.report(0, coldLoad)
 		e.report(1, coldLoad)
-		r = barrier(t, c, model)
-		if w := r.where(1); w != "" {
-			t.Errorf("report of the same boot after goodbye brought worker 1 back (in %s): %v", w, r)
-		}
+		checkWhere(t, c, model, 1, "", "report of the same boot after goodbye brought worker 1 back")
 		m.waitRejected(t, "", before+2)
 		// a new boot brings it back
 		e.newBoot()
@@ -313,10 +275,7 @@ func TestContractGoodbye(t *testing.T) {
 		waitLists(t, kv, model, lists{free: u64s(5)})
 		// the engine is still there and its state still counts
 		e.report(0, f("active_decode_blocks", 0))
-		r := barrier(t, c, model)
-		if r.where(5) != "free" {
-			t.Errorf("worker 5: %v", r)
-		}
+		checkWhere(t, c, model, 5, "free", "worker 5")
 	})
 	t.Run("goodbye_of_last_worker_then_key_deleted", func(t *testing.T) {
 		t.Parallel()
@@ -347,10 +306,7 @@ func TestContractGoodbye(t *testing.T) {
 		publish(t, c.nc, byeSubject(model, 8), enc(t, msg))                                 // worker token 8, payload 7
 		publish(t, c.nc, byeSubject(model+"x", 7), enc(t, msg))                             // other model token
 		publish(t, c.nc, fmt.Sprintf("%s.bye.%s.07", prefix, modelKey(model)), enc(t, msg)) // non-canonical id
-		r := barrier(t, c, model)
-		if r.where(7) != "busy" {
-			t.Errorf("a goodbye on a mismatched subject removed worker 7: %v", r)
-		}
+		checkWhere(t, c, model, 7, "busy", "a goodbye on a mismatched subject removed worker 7")
 		m.waitRejected(t, "", before+3)
 	})
 }

@@ -391,6 +391,15 @@ func (m *monitor) client(t testing.TB) *natsClient {
 	return c
 }
 
+// startMonitorKV starts a monitor (startMonitor) and returns it with a client
+// of its NATS and the workermon-busy bucket.
+func startMonitorKV(t testing.TB, o monOpt) (*monitor, *natsClient, jetstream.KeyValue) {
+	t.Helper()
+	m := startMonitor(t, o)
+	c := m.client(t)
+	return m, c, c.busyKV(t)
+}
+
 // ---------------------------------------------------------------------------
 // model_key (DESIGN §2), written independently from the product
 
@@ -828,6 +837,17 @@ func barrier(t testing.TB, c *natsClient, model string) record {
 	return waitRecord(t, c.busyKV(t), model, fmt.Sprintf("barrier worker %d listed", id), func(r record) bool {
 		return r.has("free", id) || r.has("busy", id)
 	})
+}
+
+// checkWhere waits for the model's earlier messages to be handled (barrier)
+// and wants worker id in the list want ("busy", "free", "stale", or "" for
+// none); what says what a failure means.
+func checkWhere(t testing.TB, c *natsClient, model string, id uint64, want, what string) {
+	t.Helper()
+	r := barrier(t, c, model)
+	if got := r.where(id); got != want {
+		t.Errorf("%s: worker %d in %q, want %q: %v", what, id, got, want, r)
+	}
 }
 
 // ---------------------------------------------------------------------------

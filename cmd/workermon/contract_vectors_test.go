@@ -59,9 +59,7 @@ func TestContractVectorsValid(t *testing.T) {
 		}
 		t.Run(v.Name, func(t *testing.T) {
 			t.Parallel()
-			m := startMonitor(t, monOpt{flags: long("--active-decode-blocks-threshold", "0.5")})
-			c := m.client(t)
-			kv := c.busyKV(t)
+			_, c, kv := startMonitorKV(t, monOpt{flags: long("--active-decode-blocks-threshold", "0.5")})
 			data, err := hex.DecodeString(v.Hex)
 			if err != nil {
 				t.Fatal(err)

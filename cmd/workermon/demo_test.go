@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/natstest"
 	"github.com/workermon/workermon/loadgen"
 )
 
@@ -31,7 +32,7 @@ func TestClosedLoop(t *testing.T) {
 	}
 	closeAtCleanup(t, d.Close)
 	target := "http://" + d.router.httpAddr
-	waitFor(t, 10*time.Second, "router sees both workers free", func() bool {
+	natstest.WaitFor(t, 10*time.Second, "router sees both workers free", func() bool {
 		rec, _, ok := d.router.watcher.Record(o.fleet.Model)
 		return ok && len(rec.Free) == 2
 	})
@@ -50,7 +51,7 @@ func TestClosedLoop(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = gen.Run(ctx) }()
 	start := time.Now()
-	waitFor(t, 30*time.Second, "all workers busy and the router answering 503", func() bool {
+	natstest.WaitFor(t, 30*time.Second, "all workers busy and the router answering 503", func() bool {
 		rec, _, _ := d.router.watcher.Record(o.fleet.Model)
 		return rec.AllBusy && gen.Stats().Total.Unavailable > 0
 	})
@@ -60,7 +61,7 @@ func TestClosedLoop(t *testing.T) {
 	stopLoad()
 	<-done
 	start = time.Now()
-	waitFor(t, 30*time.Second, "all workers free again", func() bool {
+	natstest.WaitFor(t, 30*time.Second, "all workers free again", func() bool {
 		rec, _, _ := d.router.watcher.Record(o.fleet.Model)
 		return !rec.AllBusy && len(rec.Free) == 2
 	})

@@ -69,7 +69,7 @@ func routerTestPost(t *testing.T, url, body string) (*http.Response, string) {
 // routerTestPut writes a key, retrying while the bucket is being created.
 func routerTestPut(t *testing.T, js jetstream.JetStream, bucket, key string, data []byte) {
 	t.Helper()
-	waitFor(t, 5*time.Second, "put "+key, func() bool {
+	natstest.WaitFor(t, 5*time.Second, "put "+key, func() bool {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
 		kv, err := busylist.OpenBucket(ctx, js, bucket, 1)
@@ -90,7 +90,7 @@ func TestRouterCommandEndToEnd(t *testing.T) {
 	}
 	svc := routerTestStart(t, srv.ClientURL(), nil)
 	base := "http://" + svc.httpAddr
-	waitFor(t, 10*time.Second, "router ready", func() bool {
+	natstest.WaitFor(t, 10*time.Second, "router ready", func() bool {
 		code, _ := routerTestGet(t, base+"/readyz")
 		return code == http.StatusOK
 	})
@@ -113,13 +113,13 @@ func TestRouterCommandEndToEnd(t *testing.T) {
 		routerTestPut(t, js, events.BusyBucket, events.ModelKey(model), rec)
 	}
 	putRecord([]uint64{1}, nil)
-	waitFor(t, 5*time.Second, "request routed", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "request routed", func() bool {
 		resp, body := routerTestPost(t, base+"/v1/completions", `{"model":"`+model+`","prompt":"x"}`)
 		return resp.StatusCode == http.StatusOK && strings.Contains(body, `"ok"`)
 	})
 
 	putRecord(nil, []uint64{1})
-	waitFor(t, 5*time.Second, "request rejected", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "request rejected", func() bool {
 		resp, body := routerTestPost(t, base+"/v1/completions", `{"model":"`+model+`","prompt":"x"}`)
 		return resp.StatusCode == http.StatusServiceUnavailable && body == string(busylist.RejectBody(503)) &&
 			resp.Header.Get("Retry-After") == "1"

@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/natstest"
+	"github.com/workermon/workermon/internal/promtest"
 	"github.com/workermon/workermon/publisher"
 )
 
@@ -68,23 +70,11 @@ func connect(t *testing.T, url string) (*nats.Conn, jetstream.KeyValue) {
 		t.Fatal(err)
 	}
 	var kv jetstream.KeyValue
-	waitFor(t, 5*time.Second, "busy bucket", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "busy bucket", func() bool {
 		kv, err = js.KeyValue(t.Context(), events.BusyBucket)
 		return err == nil
 	})
 	return nc, kv
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // record reads and decodes the model's record; ok is false when absent.
@@ -125,7 +115,7 @@ func TestSlice(t *testing.T) {
 			}
 		}
 	}
-	waitFor(t, 5*time.Second, "both workers free", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "both workers free", func() bool {
 		b, ok := record(t, kv, model)
 		return ok && slices.Equal(b.Free, []uint64{11, 12}) && len(b.Busy) == 0
 	})
@@ -134,14 +124,14 @@ func TestSlice(t *testing.T) {
 	for rank := range uint32(2) {
 		_ = pubs[11].Update(rank, publisher.Load{ActiveDecodeBlocks: events.Some(90)})
 	}
-	waitFor(t, 5*time.Second, "worker 11 busy", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "worker 11 busy", func() bool {
 		b, _ := record(t, kv, model)
 		return slices.Equal(b.Busy, []uint64{11}) && b.Reasons["11"] == "kv" && !b.AllBusy
 	})
 	for rank := range uint32(2) {
 		_ = pubs[12].Update(rank, publisher.Load{ActiveDecodeBlocks: events.Some(81)})
 	}
-	waitFor(t, 5*time.Second, "all busy", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "all busy", func() bool {
 		b, _ := record(t, kv, model)
 		return b.AllBusy && slices.Equal(b.Busy, []uint64{11, 12})
 	})
@@ -150,14 +140,14 @@ func TestSlice(t *testing.T) {
 	if err := pubs[12].Close(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "worker 12 gone", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "worker 12 gone", func() bool {
 		b, _ := record(t, kv, model)
 		return slices.Equal(b.Busy, []uint64{11}) && len(b.Free) == 0 && len(b.Stale) == 0
 	})
 
 	// Heartbeat: the record is re-put with a later updated_at and seq.
 	first, _ := record(t, kv, model)
-	waitFor(t, 5*time.Second, "heartbeat re-put", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "heartbeat re-put", func() bool {
 		b, _ := record(t, kv, model)
 		return b.Seq > first.Seq && b.UpdatedAt > first.UpdatedAt
 	})
@@ -183,13 +173,13 @@ func TestServeHTTP(t *testing.T) {
 	if code, _ := get("/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz = %d", code)
 	}
-	waitFor(t, 5*time.Second, "ready", func() bool { code, _ := get("/readyz"); return code == http.StatusOK })
+	natstest.WaitFor(t, 5*time.Second, "ready", func() bool { code, _ := get("/readyz"); return code == http.StatusOK })
 
 	nc, _ := connect(t, svc.natsURL)
 	if err := nc.Publish("workermon.load.m.1.0", []byte("garbage")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "rejection counted", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "rejection counted", func() bool {
 		return metricValue(t, svc.reg, "workermon_reports_rejected_total", "reason", "not_map") == 1
 	})
 	_, body := get("/metrics")
@@ -204,24 +194,8 @@ func TestServeHTTP(t *testing.T) {
 // pair given, read through the registry; -1 when absent.
 func metricValue(t *testing.T, g prometheus.Gatherer, name, label, value string) float64 {
 	t.Helper()
-	families, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					if c := m.GetCounter(); c != nil {
-						return c.GetValue()
-					}
-					return m.GetGauge().GetValue()
-				}
-			}
-		}
+	if v, ok := promtest.Value(t, g, name, map[string]string{label: value}); ok {
+		return v
 	}
 	return -1
 }

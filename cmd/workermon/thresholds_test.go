@@ -10,6 +10,7 @@ import (
 
 	"github.com/workermon/workermon/api"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/natstest"
 )
 
 // runCLI runs the workermon command line and returns its exit code and
@@ -45,7 +46,7 @@ func TestThresholdsCommand(t *testing.T) {
 	if collapse(out) != want {
 		t.Errorf("set printed\n%s\nwant\n%s", out, want)
 	}
-	waitFor(t, 5*time.Second, "record with the override", func() bool {
+	natstest.WaitFor(t, 5*time.Second, "record with the override", func() bool {
 		b, _ := record(t, busy, e2eModel)
 		return b.Thresholds.ActivePrefillTokens != nil && *b.Thresholds.ActivePrefillTokens == 2048
 	})

@@ -1,6 +1,7 @@
 // Package natstest starts real in-process NATS servers with JetStream for
 // tests: a fresh store under t.TempDir, a random port on 127.0.0.1, and
-// shutdown at the end of the test.
+// shutdown at the end of the test. WaitFor polls for what such a server
+// delivers asynchronously.
 package natstest
 
 import (
@@ -75,4 +76,17 @@ func Connect(t testing.TB, s *server.Server, opts ...nats.Option) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// WaitFor polls cond every few milliseconds until it holds, failing the test
+// when it still does not after within; what names the awaited condition.
+func WaitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
