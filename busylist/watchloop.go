@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/workermon/workermon/internal/retry"
 )
 
 // This file holds the KV watch loop that every watcher of the package
@@ -39,7 +41,7 @@ import (
 // re-watches never apply an entry twice or go back in time.
 
 const (
-	// watchHealthyAfter is how long a watch must have lasted for the backoff
+	// watchHealthyAfter is how long a watch must have lasted for the retry.Backoff
 	// to start again from its minimum.
 	watchHealthyAfter = 10 * time.Second
 	// watchBatchMax is the most queued entries applied before one publish.
@@ -175,9 +177,9 @@ type watchLoop struct {
 	synced  bool      // the current state is complete (a full watch's initial values are in)
 	ttl     time.Duration
 	lag     watchLag
-	backoff backoff
-	errLog  *errLog
-	badLog  *errLog
+	backoff retry.Backoff
+	errLog  *retry.ErrLog
+	badLog  *retry.ErrLog
 }
 
 func newWatchLoop(cfg watchLoopConfig, sink watchSink, stats watchStats) *watchLoop {
@@ -192,9 +194,9 @@ func newWatchLoop(cfg watchLoopConfig, sink watchSink, stats watchStats) *watchL
 		rewatchCh:       make(chan struct{}, 1),
 		readyCh:         make(chan struct{}),
 		done:            make(chan struct{}),
-		backoff:         newBackoff(cfg.retryMin, cfg.retryMax),
-		errLog:          newErrLog(cfg.log, cfg.errLevel, "watch bucket"),
-		badLog:          newErrLog(cfg.log, slog.LevelWarn, "decode records"),
+		backoff:         retry.NewBackoff(cfg.retryMin, cfg.retryMax),
+		errLog:          retry.NewErrLog(cfg.log, cfg.errLevel, "busylist: watch bucket"),
+		badLog:          retry.NewErrLog(cfg.log, slog.LevelWarn, "busylist: decode records"),
 	}
 }
 
@@ -256,7 +258,7 @@ func (l *watchLoop) run(ctx context.Context) {
 		}
 		if time.Since(started) >= watchHealthyAfter {
 			// A watch that lasted is no run of failures.
-			l.backoff.reset()
+			l.backoff.Reset()
 		}
 		l.stats.rewatched(end)
 		switch end {
@@ -267,8 +269,8 @@ func (l *watchLoop) run(ctx context.Context) {
 		if err == nil {
 			err = fmt.Errorf("busylist: watch of bucket %s ended: %s", l.bucket, end)
 		}
-		l.errLog.fail(err, "revision", l.lastRev)
-		if !l.sleep(ctx, status, l.backoff.next()) {
+		l.errLog.Fail(err, "revision", l.lastRev)
+		if !l.sleep(ctx, status, l.backoff.Next()) {
 			return
 		}
 	}
@@ -412,13 +414,13 @@ func (l *watchLoop) apply(e jetstream.KeyValueEntry, initial bool) {
 			reason = re.reason
 		}
 		l.stats.badRecord(reason)
-		l.badLog.fail(err, "key", e.Key(), "revision", rev, "reason", reason)
+		l.badLog.Fail(err, "key", e.Key(), "revision", rev, "reason", reason)
 	}
 }
 
 // markReady ends a run of failures and, the first time, closes readyCh.
 func (l *watchLoop) markReady(keys int) {
-	l.errLog.ok()
+	l.errLog.OK()
 	l.readyOnce.Do(func() {
 		l.log.Info("busylist: bucket loaded", "keys", keys, "revision", l.lastRev)
 		close(l.readyCh)

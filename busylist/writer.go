@@ -16,6 +16,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/retry"
 	"github.com/workermon/workermon/monitor"
 )
 
@@ -257,8 +258,8 @@ func (w *Writer) Run(ctx context.Context) error {
 		records: make(map[string]*writerRecord),
 		dirty:   make(map[string]struct{}),
 		spare:   make(map[string]writerPending),
-		bo:      newBackoff(w.cfg.RetryMin, w.cfg.RetryMax),
-		elog:    newErrLog(w.log, slog.LevelError, "write busy-set records"),
+		bo:      retry.NewBackoff(w.cfg.RetryMin, w.cfg.RetryMax),
+		elog:    retry.NewErrLog(w.log, slog.LevelError, "busylist: write busy-set records"),
 	}
 	if err := r.open(ctx); err != nil {
 		return nil // ctx is done before NATS came
@@ -282,8 +283,8 @@ type writerRun struct {
 	openedAt time.Time
 	orphaned bool             // orphans have been dealt with
 	found    []events.BusySet // records read at start, for OnExisting
-	bo       backoff
-	elog     *errLog
+	bo       retry.Backoff
+	elog     *retry.ErrLog
 }
 
 // writerRecord is what the Writer knows of a model's key.
@@ -312,8 +313,8 @@ func (r *writerRun) open(ctx context.Context) error {
 		if err == nil {
 			r.epoch = maxEpoch + 1
 			r.openedAt = time.Now()
-			r.bo.reset()
-			r.elog.ok()
+			r.bo.Reset()
+			r.elog.OK()
 			w.epoch.Store(r.epoch)
 			w.metrics.epoch.Set(float64(r.epoch))
 			w.log.Info("busylist: writer started", "epoch", r.epoch, "records", n,
@@ -328,8 +329,8 @@ func (r *writerRun) open(ctx context.Context) error {
 			return ctx.Err()
 		}
 		w.metrics.errors.WithLabelValues(writerKindOpen).Inc()
-		r.elog.fail(err)
-		if !sleepCtx(ctx, r.bo.next()) {
+		r.elog.Fail(err)
+		if !sleepCtx(ctx, r.bo.Next()) {
 			return ctx.Err()
 		}
 	}
@@ -339,14 +340,14 @@ func (r *writerRun) open(ctx context.Context) error {
 // backoff and rate-limited error logs until it succeeds or ctx is done. Each
 // attempt is bounded by timeout. It returns ctx's error when ctx ends first.
 func writerOpenBucket(ctx context.Context, js jetstream.JetStream, bucket string, replicas int,
-	timeout time.Duration, bo *backoff, elog *errLog, onErr func(error),
+	timeout time.Duration, bo *retry.Backoff, elog *retry.ErrLog, onErr func(error),
 ) (jetstream.KeyValue, error) {
 	for {
 		octx, cancel := context.WithTimeout(ctx, timeout)
 		kv, err := OpenBucket(octx, js, bucket, replicas)
 		cancel()
 		if err == nil {
-			elog.ok()
+			elog.OK()
 			return kv, nil
 		}
 		if ctx.Err() != nil {
@@ -355,8 +356,8 @@ func writerOpenBucket(ctx context.Context, js jetstream.JetStream, bucket string
 		if onErr != nil {
 			onErr(err)
 		}
-		elog.fail(err, "bucket", bucket)
-		if !sleepCtx(ctx, bo.next()) {
+		elog.Fail(err, "bucket", bucket)
+		if !sleepCtx(ctx, bo.Next()) {
 			return nil, ctx.Err()
 		}
 	}
@@ -453,7 +454,7 @@ func (r *writerRun) loop(ctx context.Context) {
 		r.merge()
 		if r.warm && retryC == nil && len(r.dirty) > 0 {
 			if err := r.flush(ctx, false); err != nil && ctx.Err() == nil {
-				retry.Reset(r.bo.next())
+				retry.Reset(r.bo.Next())
 				retryC = retry.C
 			}
 		}
@@ -620,14 +621,14 @@ func (r *writerRun) put(ctx context.Context, model string, rec *writerRecord) er
 			r.drop(model, rec)
 			return nil
 		}
-		r.elog.fail(err, "model", model, "kind", kind)
+		r.elog.Fail(err, "model", model, "kind", kind)
 		return fmt.Errorf("busylist: put %s: %w", model, err)
 	}
 	w.metrics.writes.WithLabelValues(kind).Inc()
 	rec.lastPut = start
 	r.clearChanged(rec)
-	r.bo.reset()
-	r.elog.ok()
+	r.bo.Reset()
+	r.elog.OK()
 	return nil
 }
 
@@ -645,13 +646,13 @@ func (r *writerRun) delete(ctx context.Context, model string, rec *writerRecord)
 			r.drop(model, rec)
 			return nil
 		}
-		r.elog.fail(err, "model", model, "kind", writerKindDelete)
+		r.elog.Fail(err, "model", model, "kind", writerKindDelete)
 		return fmt.Errorf("busylist: delete %s: %w", model, err)
 	}
 	w.metrics.writes.WithLabelValues(writerKindDelete).Inc()
 	r.drop(model, rec)
-	r.bo.reset()
-	r.elog.ok()
+	r.bo.Reset()
+	r.elog.OK()
 	return nil
 }
 

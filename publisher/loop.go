@@ -3,7 +3,6 @@ package publisher
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -15,10 +14,6 @@ import (
 // interval early, so that ranks falling due at nearly the same time go out
 // together instead of each waking the loop.
 const heartbeatSlack = 10
-
-// logInterval is the least time between two logs of the same failing
-// operation.
-const logInterval = 10 * time.Second
 
 // rankLoad is a rank's load taken from under the lock for publishing.
 type rankLoad struct {
@@ -145,7 +140,7 @@ func (p *Publisher) publish(i int, load Load) error {
 	} else if err = p.nc.Publish(p.subjects[i], data); err != nil {
 		err = fmt.Errorf("publisher: publish report of rank %d: %w", r.DPRank, err)
 	}
-	p.pubLog.result(now, err)
+	p.pubLog.Result(err)
 	return err
 }
 
@@ -168,32 +163,4 @@ func (p *Publisher) publishGoodbye() error {
 		return fmt.Errorf("publisher: publish goodbye: %w", err)
 	}
 	return nil
-}
-
-// errorLog logs the failures of a repeated operation at most once per
-// logInterval, counting the ones it leaves out, and logs the recovery once.
-// It belongs to one goroutine.
-type errorLog struct {
-	log        *slog.Logger
-	what       string
-	failing    bool
-	lastLog    time.Time
-	suppressed int
-}
-
-// result records the outcome of one attempt made at now.
-func (l *errorLog) result(now time.Time, err error) {
-	if err == nil {
-		if l.failing {
-			l.log.Info("workermon publisher: "+l.what+" recovered", "suppressed", l.suppressed)
-			l.failing, l.suppressed = false, 0
-		}
-		return
-	}
-	if l.failing && now.Sub(l.lastLog) < logInterval {
-		l.suppressed++
-		return
-	}
-	l.log.Warn("workermon publisher: "+l.what+" failed", "err", err, "suppressed", l.suppressed)
-	l.failing, l.lastLog, l.suppressed = true, now, 0
 }

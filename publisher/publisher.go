@@ -28,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/retry"
 )
 
 // Sentinel errors of New and Update. Errors of Close wrap the NATS or
@@ -100,7 +101,7 @@ type Publisher struct {
 	seq    uint64
 	sentAt []time.Time // when each rank was last published, zero if never
 	batch  []rankLoad
-	pubLog errorLog
+	pubLog *retry.ErrLog
 
 	reg       *registry // nil without an endpoint
 	cancel    context.CancelFunc
@@ -148,7 +149,7 @@ func New(nc *nats.Conn, model string, workerID uint64, opts ...Option) (*Publish
 	for i := range p.subjects {
 		p.subjects[i] = events.LoadSubject(o.prefix, model, workerID, o.dpStart+uint32(i))
 	}
-	p.pubLog = errorLog{log: p.log, what: "publish report"}
+	p.pubLog = retry.NewErrLog(p.log, slog.LevelWarn, "workermon publisher: publish report")
 	if o.endpoint != "" {
 		reg, err := newRegistry(p)
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/retry"
 )
 
 // registryTimeout bounds each registry request.
@@ -36,7 +38,7 @@ type registry struct {
 
 	// Owned by run, then by remove once run has stopped.
 	kv  jetstream.KeyValue // nil until the bucket is opened, and after a failure
-	log errorLog
+	log *retry.ErrLog
 }
 
 func newRegistry(p *Publisher) (*registry, error) {
@@ -59,7 +61,7 @@ func newRegistry(p *Publisher) (*registry, error) {
 		refresh:  p.opts.refresh,
 		replicas: p.opts.replicas,
 		now:      p.opts.now,
-		log:      errorLog{log: p.log.With("endpoint", p.opts.endpoint), what: "write registry entry"},
+		log:      retry.NewErrLog(p.log.With("endpoint", p.opts.endpoint), slog.LevelWarn, "workermon publisher: write registry entry"),
 	}, nil
 }
 
@@ -72,7 +74,7 @@ func (r *registry) run(ctx context.Context, connected chan nats.Status) {
 
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	failures := 0
+	bo := retry.NewBackoff(registryBackoffMin, registryBackoffMax)
 	for {
 		select {
 		case <-ctx.Done():
@@ -89,25 +91,15 @@ func (r *registry) run(ctx context.Context, connected chan nats.Status) {
 		if ctx.Err() != nil {
 			return
 		}
-		r.log.result(time.Now(), err)
+		r.log.Result(err)
 		wait := r.refresh
 		if err != nil {
-			failures++
-			wait = min(backoff(failures), r.refresh)
+			wait = min(bo.Next(), r.refresh)
 		} else {
-			failures = 0
+			bo.Reset()
 		}
 		timer.Reset(wait)
 	}
-}
-
-// backoff returns the wait after the n-th failure in a row.
-func backoff(n int) time.Duration {
-	d := registryBackoffMin
-	for i := 1; i < n && d < registryBackoffMax; i++ {
-		d *= 2
-	}
-	return min(d, registryBackoffMax)
 }
 
 // put writes the entry, opening (or creating) the bucket first if needed.
