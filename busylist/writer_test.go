@@ -714,7 +714,6 @@ func TestWriterHoldsUntilReleased(t *testing.T) {
 	kv := e.bucket(t, events.BusyBucket)
 	cfg := e.config()
 	cfg.Warmup = 0
-	cfg.Heartbeat = 50 * time.Millisecond
 	hold := make(chan struct{})
 	cfg.HoldUntil = hold
 	w, err := busylist.NewWriter(cfg)
@@ -728,8 +727,11 @@ func TestWriterHoldsUntilReleased(t *testing.T) {
 		t.Fatal("writer not ready")
 	}
 	w.Set(writerSet("m", []uint64{1}, nil))
-	// Let the writer loop run a few heartbeat ticks: nothing may be written.
-	time.Sleep(4 * cfg.Heartbeat)
+	// The loop has taken the change in and holds it: a writer that did not
+	// hold would have written it in the same pass and shown nothing pending.
+	writerEventually(t, "the change pending", func() bool {
+		return writerMetric(t, e.reg, "workermon_busy_writer_pending_records") == 1
+	})
 	if _, _, ok := writerGet(t, kv, "m"); ok {
 		t.Fatal("record written while held")
 	}
