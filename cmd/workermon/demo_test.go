@@ -87,7 +87,7 @@ func complete(t *testing.T, target, model string) int {
 func TestDemoCommandRuns(t *testing.T) {
 	var out strings.Builder
 	code := run([]string{"demo", "--embedded-nats-addr", "127.0.0.1:0", "--monitor-addr", "127.0.0.1:0", "--router-addr", "127.0.0.1:0",
-		"--duration", "3s", "--interval", "1s", "--workers", "1", "--max-rps", "5"}, &out, io.Discard)
+		"--duration", "6s", "--interval", "1s", "--workers", "1", "--max-rps", "5"}, &out, io.Discard)
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, out.String())
 	}

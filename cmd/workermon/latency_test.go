@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/natstest"
 )
 
 // BenchmarkReportToRecord measures the whole slice: a report that flips a
@@ -34,10 +35,10 @@ func BenchmarkReportToRecord(b *testing.B) {
 	js, _ := jetstream.New(nc)
 	ctx := b.Context()
 	var kv jetstream.KeyValue
-	for kv == nil {
-		kv, _ = js.KeyValue(ctx, events.BusyBucket)
-		time.Sleep(time.Millisecond)
-	}
+	natstest.WaitFor(b, 5*time.Second, "busy bucket", func() bool {
+		kv, err = js.KeyValue(ctx, events.BusyBucket)
+		return err == nil
+	})
 	const model = "bench/model"
 	w, err := kv.Watch(ctx, events.ModelKey(model), jetstream.UpdatesOnly())
 	if err != nil {
