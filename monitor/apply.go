@@ -192,8 +192,14 @@ func (s *state) applyGoodbye(g *events.Goodbye, now time.Time) string {
 		if src == nil {
 			return rejectUnknown
 		}
+		heard := w.lastHeard()
 		delete(w.sources, g.Source)
 		s.evaluate(w, now)
+		if len(w.sources) == 0 {
+			// Nothing left to hear from: stale, and removed after gone-after
+			// of silence like any other.
+			s.timers.scheduleAt(w, heard.Add(s.cfg.GoneAfter))
+		}
 		return ""
 	}
 	clear(w.sources)

@@ -562,3 +562,24 @@ func TestSeedFromPreviousRecords(t *testing.T) {
 		h.expect(nil, []uint64{2}, nil)
 	})
 }
+
+func TestLastSourceGoodbyeLeavesWorkerStaleUntilGone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		r := h.report(4, 0, 10, 100)
+		r.Source = "router/a"
+		h.send(r)
+		h.expect(nil, []uint64{4}, nil)
+		h.bye(events.Goodbye{Model: testModel, WorkerID: 4, Source: "router/a", BootID: 1, Seq: h.seq + 1, SentAt: time.Now().UnixNano()})
+		h.expect(nil, nil, []uint64{4})
+		// Past stale-after the worker is still listed stale, not dropped early.
+		time.Sleep(DefaultStaleAfter + time.Second)
+		synctest.Wait()
+		h.expect(nil, nil, []uint64{4})
+		time.Sleep(DefaultGoneAfter - DefaultStaleAfter)
+		synctest.Wait()
+		if _, ok := h.sink.record(testModel); ok {
+			t.Fatal("worker with nothing left was not removed after gone-after")
+		}
+	})
+}
