@@ -20,12 +20,13 @@ test: vet ## vet, then every unit and in-process test with the race detector
 
 fuzz: ## run each fuzz target for FUZZTIME
 	@for t in events:FuzzDecodeLoadReport events:FuzzDecodeGoodbye events:FuzzDecodeBusySet events:FuzzModelKey \
-		events:FuzzParseModelKey api:FuzzRequest router:FuzzSSEReader; do \
+		events:FuzzParseModelKey events:FuzzDecodeMigrateRequest api:FuzzRequest router:FuzzSSEReader router:FuzzParsePrompt scrape:FuzzParseAndMap; do \
 		pkg=$${t%%:*}; name=$${t#*:}; \
 		$(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) -parallel 1 ./$$pkg || exit 1; done
 
-bench: ## run the benchmarks
-	$(GO) test -run '^$$' -bench . -benchmem ./events ./monitor ./busylist ./publisher
+bench: ## every package's benchmarks, then `workermon bench` (the figures of docs/performance.md)
+	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+	$(GO) run ./cmd/workermon bench
 
 run: ## run the monitor on its embedded NATS server
 	$(GO) run ./cmd/workermon serve
@@ -40,7 +41,7 @@ COMPOSE             ?= $(shell $(DOCKER) compose version >/dev/null 2>&1 && echo
 COMPOSE_PROJECT     ?= workermon
 INTEGRATION_TIMEOUT ?= 20m
 
-.PHONY: images up down integration
+.PHONY: images up down integration versions
 
 images: ## build the images workermon:dev and workermon-nats:dev offline (FROM scratch)
 	GO="$(GO)" DOCKER="$(DOCKER)" ./deploy/images.sh
@@ -49,7 +50,14 @@ up: images ## build the images, start the docker compose stack and wait until it
 	COMPOSE="$(COMPOSE)" COMPOSE_PROJECT_NAME=$(COMPOSE_PROJECT) ./deploy/compose-up.sh
 
 down: ## stop the docker compose stack and remove its containers, networks and volumes
-	COMPOSE_PROJECT_NAME=$(COMPOSE_PROJECT) $(COMPOSE) --profile load --profile observability down -v --remove-orphans
+	COMPOSE_PROJECT_NAME=$(COMPOSE_PROJECT) $(COMPOSE) --profile load --profile scrape --profile observability down -v --remove-orphans
 
-integration: images ## the container tests (Docker needed; fails without it; never pulls)
+integration: images ## the container tests (Docker needed; fails without it; never pulls), then `make versions`
 	$(GO) test -tags integration -count=1 -timeout $(INTEGRATION_TIMEOUT) -v ./integration/
+	$(MAKE) versions
+
+# The NATS version matrix needs no Docker: it builds nats-server 2.9.25,
+# 2.10.29 and 2.11.17 from the Go module proxy (cached under
+# ~/.cache/workermon-test) and runs workermon against each as processes.
+versions: ## the NATS server version matrix (no Docker; builds pinned nats-server versions from the module proxy)
+	$(GO) test -tags integration -count=1 -timeout $(INTEGRATION_TIMEOUT) -run TestNATSVersions -v ./cmd/workermon/

@@ -46,7 +46,7 @@ const (
 // Paths are the paths the handler serves; a caller mounting it on a mux of
 // its own registers each of them (methods included: the handler answers a
 // wrong method with 405 itself).
-var Paths = []string{"/busy_threshold", "/loads", "/workers", "/busy"}
+var Paths = []string{"/busy_threshold", "/loads", "/workers", "/busy", "/cordon", "/uncordon", "/cordons", "/rescheduler"}
 
 // Sentinel errors.
 var (
@@ -76,7 +76,7 @@ type Monitor interface {
 }
 
 // Store holds the per-model overrides (the thresholds bucket);
-// *busylist.ThresholdStore implements it.
+// *overrides.ThresholdStore implements it.
 type Store interface {
 	// Get returns a model's override and whether it has one.
 	Get(ctx context.Context, model string) (events.Thresholds, bool, error)
@@ -108,6 +108,13 @@ type Config struct {
 	MaxBody int64
 	// Timeout bounds the work of one request. > 0.
 	Timeout time.Duration
+	// Cordons is the cordons bucket and CordonMonitor the monitor that
+	// applies them at once. Nil Cordons: the cordon endpoints answer 404.
+	Cordons       Cordons
+	CordonMonitor CordonMonitor
+	// Rescheduler returns what GET /rescheduler shows: the recent rounds.
+	// Nil: the endpoint says the rescheduler is off.
+	Rescheduler func() any
 	// Logger receives the audit log of changes and the startup warning; nil
 	// discards.
 	Logger *slog.Logger
@@ -136,6 +143,9 @@ func (c Config) Validate() error {
 	}
 	if c.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("timeout %v must be positive", c.Timeout))
+	}
+	if c.Cordons != nil && c.CordonMonitor == nil {
+		errs = append(errs, errors.New("cordons without a monitor to apply them"))
 	}
 	if strings.IndexFunc(c.AdminToken, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0 {
 		errs = append(errs, errors.New("admin token contains a space or a control character: it cannot travel in an Authorization header"))
@@ -181,6 +191,21 @@ func New(cfg Config) (http.Handler, error) {
 	h.mux.HandleFunc("/workers", methodNotAllowed("GET, HEAD"))
 	h.mux.HandleFunc("GET /busy", h.records())
 	h.mux.HandleFunc("/busy", methodNotAllowed("GET, HEAD"))
+	if cfg.Cordons != nil {
+		h.mux.HandleFunc("POST /cordon", h.setCordon(true))
+		h.mux.HandleFunc("/cordon", methodNotAllowed("POST"))
+		h.mux.HandleFunc("POST /uncordon", h.setCordon(false))
+		h.mux.HandleFunc("/uncordon", methodNotAllowed("POST"))
+		h.mux.HandleFunc("GET /cordons", h.listCordons)
+		h.mux.HandleFunc("/cordons", methodNotAllowed("GET, HEAD"))
+	}
+	rescheduler := cfg.Rescheduler
+	if rescheduler == nil {
+		rescheduler = func() any { return map[string]any{"enabled": false, "rounds": []any{}} }
+	}
+	h.cfg.Rescheduler = rescheduler
+	h.mux.HandleFunc("GET /rescheduler", h.rescheduler)
+	h.mux.HandleFunc("/rescheduler", methodNotAllowed("GET, HEAD"))
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint %s; the API serves %s",
 			r.URL.Path, strings.Join(Paths, ", ")))

@@ -12,6 +12,7 @@ import (
 
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/monitor"
+	"github.com/workermon/workermon/overrides"
 )
 
 // maxReply bounds a reply the Client reads.
@@ -89,6 +90,14 @@ func (c *Client) Records(ctx context.Context, model string) ([]Record, error) {
 	return reply.Records, err
 }
 
+// Partitions returns the monitor's view of the partitions and their
+// holders (GET /partitions).
+func (c *Client) Partitions(ctx context.Context) (PartitionsReply, error) {
+	var reply PartitionsReply
+	err := c.do(ctx, http.MethodGet, "/partitions", nil, nil, false, &reply)
+	return reply, err
+}
+
 // Workers returns the workers of model, or of every model when empty.
 func (c *Client) Workers(ctx context.Context, model string) ([]monitor.WorkerRow, error) {
 	var reply WorkersReply
@@ -155,4 +164,25 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		return fmt.Errorf("api: %s %s: decode reply: %w", method, u.Redacted(), err)
 	}
 	return nil
+}
+
+// Cordon cordons a worker (POST /cordon) and returns the stored cordon.
+func (c *Client) Cordon(ctx context.Context, model string, worker uint64) (overrides.Cordon, error) {
+	var reply overrides.Cordon
+	err := c.do(ctx, http.MethodPost, "/cordon", nil, map[string]any{fieldModel: model, fieldWorkerID: worker}, true, &reply)
+	return reply, err
+}
+
+// Uncordon lifts a worker's cordon (POST /uncordon).
+func (c *Client) Uncordon(ctx context.Context, model string, worker uint64) (UncordonReply, error) {
+	var reply UncordonReply
+	err := c.do(ctx, http.MethodPost, "/uncordon", nil, map[string]any{fieldModel: model, fieldWorkerID: worker}, true, &reply)
+	return reply, err
+}
+
+// Cordons lists every cordon (GET /cordons).
+func (c *Client) Cordons(ctx context.Context) ([]overrides.Cordon, error) {
+	var reply []overrides.Cordon
+	err := c.do(ctx, http.MethodGet, "/cordons", nil, nil, false, &reply)
+	return reply, err
 }

@@ -6,15 +6,15 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/monitor"
+	"github.com/workermon/workermon/overrides"
 )
 
 // The real types implement the interfaces the API declares.
 var (
 	_ Monitor = (*monitor.Monitor)(nil)
-	_ Store   = (*busylist.ThresholdStore)(nil)
+	_ Store   = (*overrides.ThresholdStore)(nil)
 )
 
 // fakeMonitor is a Monitor that keeps what it is told.
@@ -126,7 +126,7 @@ func (s *fakeStore) Get(_ context.Context, model string) (events.Thresholds, boo
 		return events.Thresholds{}, false, s.err
 	}
 	if s.bad[model] {
-		return events.Thresholds{}, true, busylist.ErrBadOverride
+		return events.Thresholds{}, true, overrides.ErrBadOverride
 	}
 	t, ok := s.m[model]
 	return t, ok, nil

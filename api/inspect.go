@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 
+	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/monitor"
 )
@@ -57,4 +58,19 @@ func inspect[T any](h *handler, query func(context.Context, string) ([]T, error)
 		}
 		writeJSON(w, http.StatusOK, reply(rows))
 	}
+}
+
+// PartitionsReply is the body of the monitor's GET /partitions (contract
+// §10): the partitions, who holds each as this monitor observes the leases
+// bucket, and what this monitor holds.
+type PartitionsReply struct {
+	Partitions int    `json:"partitions"`
+	MonitorID  string `json:"monitor_id"`
+	Instance   string `json:"instance"`
+	LeaseTTL   string `json:"lease_ttl"`
+	Held       []int  `json:"held"`
+	// Unmapped counts the reports that arrived on plain subjects while
+	// partitions are configured: the NATS servers lack the mapping.
+	Unmapped uint64                   `json:"unmapped_reports"`
+	List     []busylist.PartitionInfo `json:"list"`
 }

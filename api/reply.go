@@ -42,6 +42,10 @@ type Record struct {
 	Free    []uint64 `json:"free"`
 	Stale   []uint64 `json:"stale"`
 	AllBusy bool     `json:"all_busy"`
+	// Amber are the free workers near their thresholds, Hard the busy
+	// workers beyond them (priority classes, contract §15).
+	Amber []uint64 `json:"amber"`
+	Hard  []uint64 `json:"hard"`
 	// Reasons says why each busy worker is busy, keyed by its id in
 	// decimal: kv, prefill or kv+prefill.
 	Reasons map[string]string `json:"reasons"`
@@ -62,8 +66,8 @@ type ErrorReply struct {
 // recordOf converts a monitor record, with empty lists and maps, never nil.
 func recordOf(b events.BusySet) Record {
 	r := Record{Model: b.Model, Busy: b.Busy, Free: b.Free, Stale: b.Stale, AllBusy: b.AllBusy,
-		Reasons: b.Reasons, Thresholds: b.Thresholds}
-	for _, l := range []*[]uint64{&r.Busy, &r.Free, &r.Stale} {
+		Amber: b.Amber, Hard: b.Hard, Reasons: b.Reasons, Thresholds: b.Thresholds}
+	for _, l := range []*[]uint64{&r.Busy, &r.Free, &r.Stale, &r.Amber, &r.Hard} {
 		if *l == nil {
 			*l = []uint64{}
 		}

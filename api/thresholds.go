@@ -11,8 +11,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/overrides"
 )
 
 // listThresholds answers GET /busy_threshold: every known model with its
@@ -148,7 +148,7 @@ func (h *handler) deleteThresholds(w http.ResponseWriter, r *http.Request) {
 // valid counts as present but empty (a set replaces it).
 func (h *handler) lookup(ctx context.Context, model, action string) (events.Thresholds, bool, *httpError) {
 	override, stored, err := h.cfg.Store.Get(ctx, model)
-	if errors.Is(err, busylist.ErrBadOverride) {
+	if errors.Is(err, overrides.ErrBadOverride) {
 		h.log.Warn("api: the stored override is not valid; treating it as empty", "model", model, "err", err)
 		override, stored, err = events.Thresholds{}, true, nil
 	}
@@ -233,7 +233,7 @@ func queryModel(r *http.Request, required bool) (string, *httpError) {
 
 // storeError answers a failure of the thresholds bucket.
 func storeError(err error) *httpError {
-	if errors.Is(err, busylist.ErrThresholdConflict) {
+	if errors.Is(err, overrides.ErrThresholdConflict) {
 		return errorf(http.StatusConflict, "the override was changed by others at the same time, too often; retry")
 	}
 	return errorf(http.StatusServiceUnavailable, "the thresholds bucket cannot be reached (is NATS up?): "+err.Error())

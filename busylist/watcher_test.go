@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,7 +17,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/workermon/workermon/admission"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/kvbucket"
 	"github.com/workermon/workermon/internal/natstest"
 	"github.com/workermon/workermon/internal/promtest"
 )
@@ -47,7 +52,7 @@ func (e *watchTestEnv) bucket(t *testing.T, name string) jetstream.KeyValue {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	kv, err := OpenBucket(ctx, e.js, name, 1)
+	kv, err := kvbucket.Open(ctx, e.js, name, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,28 +72,12 @@ func watchTestPut(t *testing.T, kv jetstream.KeyValue, set events.BusySet) uint6
 
 func watchTestPutRaw(t *testing.T, kv jetstream.KeyValue, key string, data []byte) uint64 {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
-		rev, err := kv.Put(ctx, key, data)
-		cancel()
-		if err == nil {
-			return rev
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("put %s: %v", key, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return natstest.Put(t, kv, key, data)
 }
 
 func watchTestWaitReady(t *testing.T, w interface{ WaitReady(context.Context) error }) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	if err := w.WaitReady(ctx); err != nil {
-		t.Fatalf("WaitReady: %v", err)
-	}
+	natstest.WaitReady(t, w)
 }
 
 func watchTestNew(t *testing.T, js jetstream.JetStream, opts ...WatchOption) *Watcher {
@@ -166,7 +155,7 @@ func TestWatcherReadyAfterInitialValues(t *testing.T) {
 		t.Fatal("Ready false after WaitReady")
 	}
 	for _, m := range models {
-		if d := w.Decide(m); d.Reason != ReasonFree || !d.Admit {
+		if d := w.Decide(m); d.Reason != admission.ReasonFree || !d.Admit {
 			t.Errorf("Decide(%q) = %+v, want admitted free", m, d)
 		}
 		if rec, _, ok := w.Record(m); !ok || rec.Model != m {
@@ -198,10 +187,7 @@ func TestWatcherManyModels(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	w := watchTestNew(t, env.js, WithRegisterer(reg))
-	// A Registry on the same registerer shares the watch metrics.
-	r := registryTestNew(t, env.js, WithRegisterer(reg))
 	watchTestWaitReady(t, w)
-	watchTestWaitReady(t, r)
 	if got := len(w.Models()); got != n {
 		t.Fatalf("%d models after WaitReady, want %d", got, n)
 	}
@@ -210,7 +196,7 @@ func TestWatcherManyModels(t *testing.T) {
 	}
 	natstest.WaitFor(t, 10*time.Second, "every model all busy", func() bool {
 		for i := range n {
-			if w.Decide(fmt.Sprintf("m-%d", i)).Reason != ReasonAllBusy {
+			if w.Decide(fmt.Sprintf("m-%d", i)).Reason != admission.ReasonAllBusy {
 				return false
 			}
 		}
@@ -232,7 +218,7 @@ func TestWatcherNotReadyWithoutServer(t *testing.T) {
 	if err := w.WaitReady(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("WaitReady = %v, want deadline exceeded", err)
 	}
-	if d := w.Decide("m"); !d.Admit || d.Reason != ReasonNotReady {
+	if d := w.Decide("m"); !d.Admit || d.Reason != admission.ReasonNotReady {
 		t.Fatalf("Decide before ready = %+v", d)
 	}
 	start := time.Now()
@@ -271,7 +257,7 @@ func TestWatcherDecisionTable(t *testing.T) {
 		model      string
 		openAdmit  bool
 		closeAdmit bool
-		reason     Reason
+		reason     admission.Reason
 		free, busy []uint64
 	}
 	check := func(t *testing.T, rows []row) {
@@ -283,35 +269,35 @@ func TestWatcherDecisionTable(t *testing.T) {
 			}{{open, r.openAdmit}, {closed, r.closeAdmit}} {
 				d := c.w.Decide(r.model)
 				if d.Admit != c.admit || d.Reason != r.reason || !watchTestEqualIDs(d.Free, r.free) || !watchTestEqualIDs(d.Busy, r.busy) ||
-					(r.reason == ReasonStale || r.reason == ReasonUnknownModel) && (d.Free != nil || d.Busy != nil) {
+					(r.reason == admission.ReasonStale || r.reason == admission.ReasonUnknownModel) && (d.Free != nil || d.Busy != nil) {
 					t.Errorf("failOpen=%v Decide(%q) = %+v, want admit=%v reason=%v free=%v busy=%v",
-						c.w.failOpen, r.model, d, c.admit, r.reason, r.free, r.busy)
+						c.w.policy.FailOpen, r.model, d, c.admit, r.reason, r.free, r.busy)
 				}
 			}
 		}
 	}
 	t.Run("fresh", func(t *testing.T) {
 		check(t, []row{
-			{"unknown", true, true, ReasonUnknownModel, nil, nil},
-			{"free", true, true, ReasonFree, []uint64{1, 2}, []uint64{3}},
-			{"busy", false, false, ReasonAllBusy, []uint64{}, []uint64{1, 2}},
-			{"only-stale-workers", true, true, ReasonFree, []uint64{}, []uint64{}},
-			{"old-updated-at", true, false, ReasonStale, nil, nil},
-			{"edge-updated-at", false, false, ReasonAllBusy, []uint64{}, []uint64{1}},
-			{"future", false, false, ReasonAllBusy, []uint64{}, []uint64{1}},
+			{"unknown", true, true, admission.ReasonUnknownModel, nil, nil},
+			{"free", true, true, admission.ReasonFree, []uint64{1, 2}, []uint64{3}},
+			{"busy", false, false, admission.ReasonAllBusy, []uint64{}, []uint64{1, 2}},
+			{"only-stale-workers", true, true, admission.ReasonFree, []uint64{}, []uint64{}},
+			{"old-updated-at", true, false, admission.ReasonStale, nil, nil},
+			{"edge-updated-at", false, false, admission.ReasonAllBusy, []uint64{}, []uint64{1}},
+			{"future", false, false, admission.ReasonAllBusy, []uint64{}, []uint64{1}},
 		})
 	})
 	t.Run("received exactly stale-list-after ago", func(t *testing.T) {
 		clock.add(DefaultStaleListAfter)
-		check(t, []row{{"future", false, false, ReasonAllBusy, []uint64{}, []uint64{1}}})
+		check(t, []row{{"future", false, false, admission.ReasonAllBusy, []uint64{}, []uint64{1}}})
 	})
 	t.Run("received more than stale-list-after ago", func(t *testing.T) {
 		clock.add(time.Nanosecond)
 		check(t, []row{
-			{"future", true, false, ReasonStale, nil, nil},
-			{"free", true, false, ReasonStale, nil, nil},
-			{"busy", true, false, ReasonStale, nil, nil},
-			{"unknown", true, true, ReasonUnknownModel, nil, nil},
+			{"future", true, false, admission.ReasonStale, nil, nil},
+			{"free", true, false, admission.ReasonStale, nil, nil},
+			{"busy", true, false, admission.ReasonStale, nil, nil},
+			{"unknown", true, true, admission.ReasonUnknownModel, nil, nil},
 		})
 	})
 }
@@ -337,24 +323,24 @@ func TestWatcherUpdatesAndDeletes(t *testing.T) {
 	watchTestWaitReady(t, w)
 	const model = "org/model-1.5"
 	key := events.ModelKey(model)
-	reason := func(want Reason) func() bool {
+	reason := func(want admission.Reason) func() bool {
 		return func() bool { return w.Decide(model).Reason == want }
 	}
 
 	watchTestPut(t, kv, watchTestSet(model, time.Now().UnixNano(), []uint64{7}, nil))
-	natstest.WaitFor(t, 5*time.Second, "put visible", reason(ReasonFree))
+	natstest.WaitFor(t, 5*time.Second, "put visible", reason(admission.ReasonFree))
 	watchTestPut(t, kv, watchTestSet(model, time.Now().UnixNano(), nil, []uint64{7}))
-	natstest.WaitFor(t, 5*time.Second, "all_busy visible", reason(ReasonAllBusy))
+	natstest.WaitFor(t, 5*time.Second, "all_busy visible", reason(admission.ReasonAllBusy))
 	if err := kv.Delete(t.Context(), key); err != nil {
 		t.Fatal(err)
 	}
-	natstest.WaitFor(t, 5*time.Second, "delete visible", reason(ReasonUnknownModel))
+	natstest.WaitFor(t, 5*time.Second, "delete visible", reason(admission.ReasonUnknownModel))
 	watchTestPut(t, kv, watchTestSet(model, time.Now().UnixNano(), nil, []uint64{7}))
-	natstest.WaitFor(t, 5*time.Second, "put after delete visible", reason(ReasonAllBusy))
+	natstest.WaitFor(t, 5*time.Second, "put after delete visible", reason(admission.ReasonAllBusy))
 	if err := kv.Purge(t.Context(), key); err != nil {
 		t.Fatal(err)
 	}
-	natstest.WaitFor(t, 5*time.Second, "purge visible", reason(ReasonUnknownModel))
+	natstest.WaitFor(t, 5*time.Second, "purge visible", reason(admission.ReasonUnknownModel))
 }
 
 func TestWatcherRecoversAfterRestart(t *testing.T) {
@@ -371,10 +357,10 @@ func TestWatcherRecoversAfterRestart(t *testing.T) {
 	// A watcher that is not re-created stalls for 10–20 s here.
 	put := time.Now()
 	natstest.WaitFor(t, 5*time.Second, "put after restart visible", func() bool {
-		return w.Decide("after").Reason == ReasonAllBusy
+		return w.Decide("after").Reason == admission.ReasonAllBusy
 	})
 	t.Logf("put after restart visible after %v", time.Since(put))
-	if d := w.Decide("before"); d.Reason != ReasonFree {
+	if d := w.Decide("before"); d.Reason != admission.ReasonFree {
 		t.Errorf("record from before the restart: %+v", d)
 	}
 	lbl := map[string]string{"bucket": events.BusyBucket, "reason": "reconnect"}
@@ -384,7 +370,7 @@ func TestWatcherRecoversAfterRestart(t *testing.T) {
 	// Updates keep flowing on the new watch.
 	watchTestPut(t, kv, watchTestSet("after", time.Now().UnixNano(), []uint64{1}, nil))
 	natstest.WaitFor(t, 5*time.Second, "second put visible", func() bool {
-		return w.Decide("after").Reason == ReasonFree
+		return w.Decide("after").Reason == admission.ReasonFree
 	})
 }
 
@@ -406,7 +392,7 @@ func TestWatcherStallDetectedWithoutReconnectSignal(t *testing.T) {
 	watchTestPut(t, kv, watchTestSet("after", time.Now().UnixNano(), nil, []uint64{1}))
 	// A stalled watcher stays silent for 10–20 s; the probes notice sooner.
 	natstest.WaitFor(t, 5*time.Second, "put after restart visible", func() bool {
-		return w.Decide("after").Reason == ReasonAllBusy
+		return w.Decide("after").Reason == admission.ReasonAllBusy
 	})
 	lbl := map[string]string{"bucket": events.BusyBucket, "reason": "stalled"}
 	if v := watchTestMetric(t, reg, "workermon_router_watch_rewatches_total", lbl); v < 1 {
@@ -441,7 +427,7 @@ func TestWatcherBucketRecreated(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
 		var err error
-		kv, err = OpenBucket(ctx, env.js, events.BusyBucket, 1)
+		kv, err = kvbucket.Open(ctx, env.js, events.BusyBucket, 1)
 		return err == nil
 	})
 	rev := watchTestPut(t, kv, watchTestSet("new", time.Now().UnixNano(), nil, []uint64{1}))
@@ -452,7 +438,7 @@ func TestWatcherBucketRecreated(t *testing.T) {
 		m := w.Models()
 		return len(m) == 1 && m[0] == "new"
 	})
-	if d := w.Decide("new"); d.Reason != ReasonAllBusy {
+	if d := w.Decide("new"); d.Reason != admission.ReasonAllBusy {
 		t.Errorf("Decide(new) = %+v", d)
 	}
 	var n float64
@@ -466,7 +452,7 @@ func TestWatcherBucketRecreated(t *testing.T) {
 	// Live updates flow on the new bucket.
 	watchTestPut(t, kv, watchTestSet("new", time.Now().UnixNano(), []uint64{1}, nil))
 	natstest.WaitFor(t, 5*time.Second, "update on the new bucket", func() bool {
-		return w.Decide("new").Reason == ReasonFree
+		return w.Decide("new").Reason == admission.ReasonFree
 	})
 }
 
@@ -481,10 +467,10 @@ func TestWatcherBadRecords(t *testing.T) {
 
 	// A good record, then garbage under its key: the model goes.
 	watchTestPut(t, kv, watchTestSet("m", now, []uint64{1}, nil))
-	natstest.WaitFor(t, 5*time.Second, "good record", func() bool { return w.Decide("m").Reason == ReasonFree })
+	natstest.WaitFor(t, 5*time.Second, "good record", func() bool { return w.Decide("m").Reason == admission.ReasonFree })
 	watchTestPutRaw(t, kv, "m", []byte("\xc1 not msgpack"))
 	natstest.WaitFor(t, 5*time.Second, "garbage removes the model", func() bool {
-		return w.Decide("m").Reason == ReasonUnknownModel
+		return w.Decide("m").Reason == admission.ReasonUnknownModel
 	})
 
 	mismatch := watchTestSet("other", now, nil, []uint64{1})
@@ -497,10 +483,10 @@ func TestWatcherBadRecords(t *testing.T) {
 	// A good record after the bad ones still gets through.
 	watchTestPut(t, kv, watchTestSet("ok", now, nil, []uint64{3}))
 	natstest.WaitFor(t, 5*time.Second, "good record after bad ones", func() bool {
-		return w.Decide("ok").Reason == ReasonAllBusy
+		return w.Decide("ok").Reason == admission.ReasonAllBusy
 	})
 	for _, m := range []string{"mm", "other", "inconsistent"} {
-		if d := w.Decide(m); d.Reason != ReasonUnknownModel {
+		if d := w.Decide(m); d.Reason != admission.ReasonUnknownModel {
 			t.Errorf("Decide(%q) = %+v, want unknown", m, d)
 		}
 	}
@@ -527,31 +513,172 @@ func TestWatchOptionsInvalid(t *testing.T) {
 	if _, err := NewWatcher(nil); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("nil JetStream: %v", err)
 	}
-	if _, err := NewRegistry(env.js, WithFailOpen(false)); !errors.Is(err, ErrInvalidOption) {
-		t.Errorf("Registry with WithFailOpen: %v", err)
+}
+
+// admitTestModels is a bucket's worth of records for the allocation test and
+// the benchmark.
+func admitTestModels(now time.Time) []events.BusySet {
+	var recs []events.BusySet
+	for i := range 50 {
+		recs = append(recs, watchTestSet(fmt.Sprintf("org/model-%d.5B", i), now.UnixNano(),
+			[]uint64{uint64(i), uint64(i + 100)}, []uint64{uint64(i + 200)}))
+	}
+	recs = append(recs, watchTestSet("busy/model", now.UnixNano(), nil, []uint64{1, 2}))
+	return recs
+}
+
+func TestDecideAllocatesNothing(t *testing.T) { // not parallel: AllocsPerRun
+	start := time.Now()
+	clock := func() time.Time { return start }
+	w := admitTestWatcher(true, clock, admitTestModels(start)...)
+	stale := admitTestWatcher(true, func() time.Time { return start.Add(time.Minute) }, admitTestModels(start)...)
+	for _, c := range []struct {
+		w      *Watcher
+		model  string
+		reason admission.Reason
+	}{
+		{w, "org/model-7.5B", admission.ReasonFree},
+		{admitTestWatcher(true, nil, admitTestModels(time.Now())...), "org/model-7.5B", admission.ReasonFree},
+		{w, "busy/model", admission.ReasonAllBusy},
+		{w, "not/there", admission.ReasonUnknownModel},
+		{stale, "org/model-7.5B", admission.ReasonStale},
+		{&Watcher{policy: admission.Policy{StaleAfter: DefaultStaleListAfter, FailOpen: true}, now: clock}, "org/model-7.5B", admission.ReasonNotReady},
+	} {
+		if d := c.w.Decide(c.model); d.Reason != c.reason {
+			t.Fatalf("Decide(%q) = %+v, want %v", c.model, d, c.reason)
+		}
+		var sink admission.Decision
+		if n := testing.AllocsPerRun(1000, func() { sink = c.w.Decide(c.model) }); n != 0 {
+			t.Errorf("Decide(%q) (%v): %v allocs/op, want 0", c.model, c.reason, n)
+		}
+		_ = sink
 	}
 }
 
-func TestWatchLagStalled(t *testing.T) {
-	t.Parallel()
-	var g watchLag
-	steps := []struct {
-		lastSeq, lastRev uint64
-		want             bool
-	}{
-		{10, 10, false}, // up to date
-		{12, 10, false}, // behind once
-		{13, 11, false}, // behind, but progressing
-		{13, 11, true},  // behind twice without progress
-		{13, 11, false}, // already re-watched for this last sequence
-		{13, 11, false},
-		{14, 11, false}, // a new message: behind once
-		{14, 11, true},
-		{14, 14, false},
+func BenchmarkDecide(b *testing.B) {
+	// Each sub-benchmark gets records received when it starts: a record
+	// turns stale (and is admitted, failing open) after stale-list-after.
+	watcher := func() *Watcher {
+		now := time.Now()
+		return admitTestWatcher(true, nil, append(admitTestModels(now), classTestModels(now)...)...)
 	}
-	for i, s := range steps {
-		if got := g.stalled(s.lastSeq, s.lastRev); got != s.want {
-			t.Errorf("step %d: stalled(%d, %d) = %v, want %v", i, s.lastSeq, s.lastRev, got, s.want)
+	b.Run("free", func(b *testing.B) {
+		w := watcher()
+		b.ReportAllocs()
+		for b.Loop() {
+			if d := w.Decide("org/model-7.5B"); !d.Admit {
+				b.Fatal("rejected")
+			}
 		}
+	})
+	b.Run("all_busy", func(b *testing.B) {
+		w := watcher()
+		b.ReportAllocs()
+		for b.Loop() {
+			if d := w.Decide("busy/model"); d.Admit {
+				b.Fatal("admitted")
+			}
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		w := watcher()
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				_ = w.Decide("org/model-7.5B")
+			}
+		})
+	})
+	// By priority class (contract §15), on a record with free, amber, busy
+	// and hard workers, among 50 other models.
+	for _, c := range admission.Classes() {
+		b.Run(c.String(), func(b *testing.B) {
+			w := watcher()
+			b.ReportAllocs()
+			for b.Loop() {
+				if d := w.DecideClass("mixed/model", c); !d.Admit {
+					b.Fatal("rejected")
+				}
+			}
+		})
+	}
+}
+
+// TestWatcherWithMiddleware runs the whole router side: a record in the
+// bucket, a Watcher, admission's Middleware.
+func TestWatcherWithMiddleware(t *testing.T) {
+	t.Parallel()
+	env := watchTestStart(t)
+	kv := env.bucket(t, events.BusyBucket)
+	w := watchTestNew(t, env.js)
+	watchTestWaitReady(t, w)
+	m, err := admission.NewMiddleware(w, admission.WithModelFunc(admission.ModelFromHeader("X-Model")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }))
+	status := func() int {
+		req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader("{}"))
+		req.Header.Set("X-Model", "Qwen/Qwen3-0.6B")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	if s := status(); s != 200 {
+		t.Fatalf("unknown model: %d", s)
+	}
+	watchTestPut(t, kv, watchTestSet("Qwen/Qwen3-0.6B", time.Now().UnixNano(), nil, []uint64{1, 2}))
+	natstest.WaitFor(t, 5*time.Second, "503 once all busy", func() bool { return status() == 503 })
+	watchTestPut(t, kv, watchTestSet("Qwen/Qwen3-0.6B", time.Now().UnixNano(), []uint64{2}, []uint64{1}))
+	natstest.WaitFor(t, 5*time.Second, "200 once a worker is free", func() bool { return status() == 200 })
+}
+
+// admitTestWatcher returns a Watcher with a fixed snapshot and no loop: every
+// record received at the clock's current time.
+// admitTestWatcher is a Watcher holding recs, received now. A nil clock
+// makes it timed, as NewWatcher without WithClock: records turn stale by
+// timer, and Decide reads no clock.
+func admitTestWatcher(failOpen bool, now func() time.Time, recs ...events.BusySet) *Watcher {
+	w := &Watcher{policy: admission.Policy{StaleAfter: DefaultStaleListAfter, FailOpen: failOpen}, now: now}
+	if now == nil {
+		w.now, w.timed = time.Now, true
+	}
+	s := (*watcherSink)(w)
+	s.Reset()
+	for _, r := range recs {
+		s.state.Edit()[r.Model] = w.newEntry(r, w.now())
+	}
+	s.Publish()
+	return w
+}
+
+// TestDecideTimedStaleness: a timed Watcher marks a record stale when its
+// receipt or its updated_at is older than the stale-list-after, by timer:
+// Decide then answers stale without reading a clock.
+func TestDecideTimedStaleness(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	fresh := watchTestSet("fresh/model", now.UnixNano(), []uint64{1}, nil)
+	old := watchTestSet("old/model", now.Add(-time.Hour).UnixNano(), []uint64{1}, nil)
+	w := admitTestWatcher(false, nil, fresh, old)
+	w.policy.StaleAfter = 200 * time.Millisecond // for the entries armed from now on
+	s := (*watcherSink)(w)
+	s.state.Edit()["fresh/model"] = w.newEntry(fresh, time.Now())
+	s.Publish()
+	if d := w.Decide("old/model"); d.Reason != admission.ReasonStale || d.Admit {
+		t.Fatalf("a record updated an hour ago: %+v, want stale and rejected (fail closed)", d)
+	}
+	if d := w.Decide("fresh/model"); d.Reason != admission.ReasonFree {
+		t.Fatalf("a fresh record: %+v", d)
+	}
+	start := time.Now()
+	for w.Decide("fresh/model").Reason != admission.ReasonStale {
+		if time.Since(start) > 5*time.Second {
+			t.Fatal("the record never turned stale")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if el := time.Since(start); el < 150*time.Millisecond {
+		t.Fatalf("stale after %v, before the 200 ms stale-list-after", el)
 	}
 }

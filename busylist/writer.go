@@ -11,13 +11,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/kvbucket"
 	"github.com/workermon/workermon/internal/retry"
-	"github.com/workermon/workermon/monitor"
 )
 
 // Defaults of WriterConfig.
@@ -26,9 +26,10 @@ const (
 	// the Writer re-puts it with a fresh updated_at at least this often
 	// (contract §6, --heartbeat).
 	DefaultHeartbeat = 2 * time.Second
-	// DefaultWarmup is how long a Writer waits, once the bucket is open,
-	// before its first write (contract §6, --warmup).
-	DefaultWarmup = 3 * time.Second
+	// DefaultWarmup is how long a Writer waits, once the bucket is open (or
+	// a partition is taken over), before its first write (contract §6,
+	// --warmup): two publisher heartbeats.
+	DefaultWarmup = 2 * time.Second
 	// DefaultWriteTimeout bounds every single KV operation: opening the
 	// bucket, reading it at start, each put and each delete.
 	DefaultWriteTimeout = 2 * time.Second
@@ -41,8 +42,6 @@ const (
 	// DefaultRetryMax caps the delay between retries of a failed KV operation.
 	DefaultRetryMax = 2 * time.Second
 )
-
-var _ monitor.Sink = (*Writer)(nil)
 
 // WriterConfig configures a Writer.
 type WriterConfig struct {
@@ -66,12 +65,35 @@ type WriterConfig struct {
 	// that no record is computed with defaults in place of overrides not
 	// loaded yet. Heartbeats and shutdown writes wait for it too.
 	HoldUntil <-chan struct{}
-	// OnExisting, when not nil, is called once from Run after the bucket is
-	// read, before the warm-up ends, with the records found there that
-	// decode. The monitor seeds its state with them, so that after the
-	// warm-up the workers it has not heard from are listed stale rather
-	// than left in a dead monitor's record.
+	// OnExisting, when not nil, is called from Run with the records found
+	// in the bucket that decode, before the warm-up ends: once after the
+	// bucket is read, or, with Leased, after each partition is claimed, with
+	// that partition's records. The monitor seeds its state with them, so
+	// that after the warm-up the workers it has not heard from are listed
+	// stale rather than left in a dead monitor's record.
 	OnExisting func([]events.BusySet)
+	// Partitions is the number of partitions P the models are split into
+	// (contract §10; 0 means 1). A model's record belongs to partition
+	// events.Partition(model, P).
+	Partitions int
+	// Leased, when true, writes a partition only between Acquire and
+	// Release or Drop, under the epoch Acquire gives (a lease's). When
+	// false, the Writer holds every partition from the start, under 1 + the
+	// highest epoch found in the bucket (contract §6).
+	Leased bool
+	// Fence, when not nil, is asked before every write of a partition's
+	// record whether the partition may still be written (its lease was
+	// renewed within the TTL, contract §10 self-fencing).
+	Fence func(partition int) bool
+	// OnLost, when not nil, is called from Run when a write of a partition
+	// finds a record with a higher epoch: the Writer has stopped writing
+	// that partition.
+	OnLost func(partition int)
+	// OnTaken, when not nil, is called from Run each time it has taken the
+	// records given by Set and Delete for writing; it must not block. The
+	// monitor's Kick: with Pending, the monitor builds a model's next record
+	// only once the previous one was taken (monitor.PendingSink).
+	OnTaken func()
 	// WriteTimeout bounds every KV operation. Must be > 0.
 	WriteTimeout time.Duration
 	// OrphanAfter is how long after opening the bucket the Writer deletes
@@ -108,7 +130,7 @@ func DefaultWriterConfig() WriterConfig {
 
 // Validate reports every problem of the configuration, joined.
 func (c WriterConfig) Validate() error {
-	errs := validateBucket("writer", c.JetStream, c.Bucket, c.Replicas)
+	errs := kvbucket.Check("busylist: writer", c.JetStream, c.Bucket, c.Replicas)
 	if c.MonitorID == "" {
 		errs = append(errs, errors.New("busylist: writer: monitor id is empty"))
 	}
@@ -121,10 +143,13 @@ func (c WriterConfig) Validate() error {
 	if c.WriteTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("busylist: writer: write timeout %v is not positive", c.WriteTimeout))
 	}
+	if c.Partitions < 0 {
+		errs = append(errs, fmt.Errorf("busylist: writer: partitions %d is negative", c.Partitions))
+	}
 	if c.OrphanAfter <= 0 {
 		errs = append(errs, fmt.Errorf("busylist: writer: orphan-after %v is not positive", c.OrphanAfter))
 	}
-	errs = append(errs, validateRetry("writer", c.RetryMin, c.RetryMax)...)
+	errs = append(errs, retry.CheckBounds("busylist: writer", c.RetryMin, c.RetryMax)...)
 	return errors.Join(errs...)
 }
 
@@ -134,18 +159,41 @@ const (
 	writerKindHeartbeat = "put_heartbeat"
 	writerKindDelete    = "delete"
 	writerKindOpen      = "open"
+	writerKindClaim     = "claim"
 )
 
+// writerMaxInFlight is how many claims of a takeover are in flight at once.
+const writerMaxInFlight = 32
+
+// writerClaimAttempts bounds the compare-and-set attempts of claiming one
+// record.
+const writerClaimAttempts = 8
+
 // Writer writes the monitor's busy sets to the busy bucket (contract §6).
-// It implements monitor.Sink: Set and Delete never block; they leave the
-// latest value of each model for the Writer's goroutine, Run, to write.
+// It implements monitor.Sink: Set and Delete never block.
 //
-// Run opens the bucket (retrying while NATS is away), takes as its epoch 1 +
-// the highest epoch of the records there, waits the warm-up, then writes each
-// model's record when its content changes, re-puts it at least every
-// Heartbeat, and deletes it when the model goes. Failed writes are retried
-// with capped backoff until they succeed; a record is never written with
-// older content than the latest given.
+// Run opens the bucket (retrying while NATS is away). Without Leased it
+// takes as its epoch 1 + the highest epoch of the records there and holds
+// every partition; with Leased it holds a partition from Acquire on, under
+// the lease's epoch, first claiming the partition's records (a
+// compare-and-set re-put of each as found, with this writer's monitor_id,
+// the new epoch and seq 1). A partition's records are written once its
+// warm-up is over: when their content changes, again at least every
+// Heartbeat, and deleted when the model goes.
+//
+// Writes are pipelined per key: each key has at most one write in flight,
+// and writes of different keys are in flight together. A Set or Delete of
+// a key with no write in flight starts its write at once, on the caller's
+// goroutine (a put is an asynchronous publish: nothing waits for its
+// answer); one given while a write of the key is in flight is kept, and
+// written, with the latest content given, as soon as that write completes.
+// So a record is never written with older content than the latest given,
+// and the final content is always written. A failed write is retried after
+// a backoff of its own key.
+//
+// Every write is a compare-and-set on the revision this Writer last saw for
+// the key, so a late write of a deposed writer fails. A write that finds a
+// record with a higher epoch stops the writing of its partition (OnLost).
 //
 // seq is one counter of the Writer shared by all keys: it increases with
 // every put of each key, not necessarily by one.
@@ -155,20 +203,67 @@ type Writer struct {
 	now     func() time.Time
 	metrics writerMetrics
 
-	mu      sync.Mutex
-	pending map[string]writerPending // latest Set/Delete per model, not yet taken by Run
-	known   map[string]struct{}      // models with a record: found at start, or set since
+	// mu guards the state of every key and partition, which Set and Delete,
+	// the completions of writes (on NATS's goroutines) and Run share.
+	mu       sync.Mutex
+	recs     map[string]*writerRecord // by model
+	known    map[string]struct{}      // models with a record: found at start or claimed, or set since
+	parts    []writerPart
+	seq      uint64
+	changed  int                     // records with changed set
+	inflight int                     // writes in flight
+	puts     map[*nats.Msg]*writerOp // asynchronous puts in flight
+	kv       jetstream.KeyValue      // nil until Run has opened the bucket
+	pub      jetstream.JetStream     // the asynchronous puts'; nil: every write waits on a goroutine of its own
+	putPre   string                  // the subject of a key is putPre + key
+	held     bool                    // HoldUntil is not closed yet
+	stopped  bool                    // Run has returned, or is about to: no write starts
+	elog     *retry.ErrLog
+	// progress is closed, and replaced, when a write completes while
+	// waiting is set (Release and the shutdown wait on it).
+	progress chan struct{}
+	waiting  bool
 
-	wake    chan struct{} // capacity 1: something is pending
-	ready   chan struct{} // closed when the bucket is open and read
+	wake    chan struct{}         // capacity 1: Run has work (a conflict to read, a retry to time)
+	cmds    chan func(*writerRun) // partition commands, run by Run's goroutine
+	ready   chan struct{}         // closed when the bucket is open (and read, without Leased)
+	done    chan struct{}         // closed when Run returns
 	started atomic.Bool
 	epoch   atomic.Uint64
 }
 
-// writerPending is the latest call for a model.
-type writerPending struct {
-	set     events.BusySet
-	deleted bool
+// writerPart is the Writer's view of one partition.
+type writerPart struct {
+	holds     bool
+	claiming  bool // its records are being claimed: no write
+	epoch     uint64
+	warmUntil time.Time // monotonic: no write before
+	warm      bool      // the warm-up is over (and logged)
+	orphansAt time.Time // monotonic: when the records found and never set are deleted
+	orphaned  bool
+}
+
+// writerRecord is what the Writer knows of a model's key.
+type writerRecord struct {
+	model   string
+	key     string
+	part    int
+	content events.BusySet // latest content given; valid when has
+	has     bool           // content is set
+	gen     uint64         // counts the Sets and Deletes that changed what is to be written
+	pending bool           // a Set or Delete not yet taken by a write (monitor.PendingSink)
+	rev     uint64         // revision last seen of the key; 0 = no record known
+	orphan  bool           // found at start or claimed, never given since
+	del     bool           // the key must be deleted
+	changed bool           // content or delete not yet written
+	hbDue   bool           // a heartbeat re-put is due
+	writing bool           // a write is in flight
+	// conflict: the last write failed its compare-and-set; Run reads the
+	// key before the next.
+	conflict bool
+	retryAt  time.Time     // no write before (the backoff after a failure)
+	bo       retry.Backoff // of this key's failures
+	lastPut  time.Time     // start of the last successful put, monotonic
 }
 
 // NewWriter checks cfg and returns a Writer, with its metrics registered.
@@ -176,19 +271,29 @@ func NewWriter(cfg WriterConfig) (*Writer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Partitions == 0 {
+		cfg.Partitions = 1
+	}
 	w := &Writer{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		now:     cfg.Now,
-		pending: make(map[string]writerPending),
-		known:   make(map[string]struct{}),
-		wake:    make(chan struct{}, 1),
-		ready:   make(chan struct{}),
+		cfg:      cfg,
+		log:      cfg.Logger,
+		now:      cfg.Now,
+		recs:     make(map[string]*writerRecord),
+		known:    make(map[string]struct{}),
+		parts:    make([]writerPart, cfg.Partitions),
+		puts:     make(map[*nats.Msg]*writerOp),
+		held:     cfg.HoldUntil != nil,
+		progress: make(chan struct{}),
+		wake:     make(chan struct{}, 1),
+		cmds:     make(chan func(*writerRun)),
+		ready:    make(chan struct{}),
+		done:     make(chan struct{}),
 	}
 	if w.log == nil {
 		w.log = slog.New(slog.DiscardHandler)
 	}
 	w.log = w.log.With("bucket", cfg.Bucket)
+	w.elog = retry.NewErrLog(w.log, slog.LevelError, "busylist: write busy-set records")
 	if w.now == nil {
 		w.now = time.Now
 	}
@@ -201,29 +306,78 @@ func NewWriter(cfg WriterConfig) (*Writer, error) {
 }
 
 // Set records the latest busy set of a model, to be written when its content
-// differs from the last written one. It never blocks. A set whose model is
-// not a valid model name is logged and dropped.
+// differs from the last given. The write starts at once, on the caller's
+// goroutine, when the key has none in flight and may be written; it never
+// waits for NATS. A set whose model is not a valid model name is logged and
+// dropped.
 func (w *Writer) Set(set events.BusySet) {
 	if err := events.ValidateModel(set.Model); err != nil {
 		w.log.Error("busylist: dropping the busy set of an invalid model", "err", err)
 		return
 	}
 	w.mu.Lock()
-	w.pending[set.Model] = writerPending{set: set}
 	w.known[set.Model] = struct{}{}
+	rec := w.recordLocked(set.Model)
+	if rec.has && !rec.del && !rec.orphan && writerSameContent(&rec.content, &set) {
+		w.mu.Unlock()
+		return
+	}
+	rec.content, rec.has, rec.del, rec.orphan = set, true, false, false
+	rec.gen++
+	rec.pending = true
+	w.markChangedLocked(rec)
+	op := w.startLocked(rec, time.Now(), false)
 	w.mu.Unlock()
-	w.signal()
+	if op != nil {
+		w.send(op)
+	}
+}
+
+// Pending reports whether a record of model given by Set or Delete has not
+// been taken for writing yet (monitor.PendingSink). It never blocks for
+// long.
+//
+// A record that cannot be written yet (its partition not held, claiming or
+// warming up, or the Writer held back) is not reported pending: the monitor
+// then replaces it on every change, so the first write after the warm-up
+// carries the view the warm-up built, not the one it started from.
+func (w *Writer) Pending(model string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	rec := w.recs[model]
+	if rec == nil || !rec.pending {
+		return false
+	}
+	pt := &w.parts[rec.part]
+	return pt.holds && !pt.claiming && !w.held && !w.stopped && !time.Now().Before(pt.warmUntil)
 }
 
 // Delete records that a model is gone: its key is deleted. It never blocks.
 func (w *Writer) Delete(model string) {
 	w.mu.Lock()
-	w.pending[model] = writerPending{deleted: true}
 	delete(w.known, model)
+	rec := w.recs[model]
+	if rec == nil {
+		w.mu.Unlock()
+		return
+	}
+	if rec.rev == 0 && !rec.writing {
+		w.dropLocked(rec) // never written: nothing to delete
+		w.mu.Unlock()
+		return
+	}
+	rec.del, rec.orphan, rec.has = true, false, false
+	rec.gen++
+	rec.pending = true
+	w.markChangedLocked(rec)
+	op := w.startLocked(rec, time.Now(), false)
 	w.mu.Unlock()
-	w.signal()
+	if op != nil {
+		w.send(op)
+	}
 }
 
+// signal wakes Run.
 func (w *Writer) signal() {
 	select {
 	case w.wake <- struct{}{}:
@@ -232,36 +386,75 @@ func (w *Writer) signal() {
 }
 
 // Models returns, sorted, the models that have or will have a record: those
-// found in the bucket at start and those set since, less those deleted.
+// found in the bucket at start (or claimed) and those set since, less those
+// deleted.
 func (w *Writer) Models() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return slices.Sorted(maps.Keys(w.known))
 }
 
-// Ready is closed once Run has opened the bucket and read the records in it:
-// Epoch and Models are then complete. The warm-up starts at that moment.
+// Ready is closed once Run has opened the bucket and, without Leased, read
+// the records in it: Epoch and Models are then complete. The warm-up starts
+// at that moment.
 func (w *Writer) Ready() <-chan struct{} { return w.ready }
 
-// Epoch returns the Writer's epoch, or 0 before Ready.
+// Epoch returns the Writer's epoch: without Leased, 0 before Ready; with
+// Leased, the highest epoch of the partitions it has held.
 func (w *Writer) Epoch() uint64 { return w.epoch.Load() }
 
-// Run writes until ctx is done, then writes the changes still pending (if
-// the warm-up is over), bounded by WriteTimeout, and returns nil. It returns
-// ErrWriterRunning when called a second time.
+// Acquire makes the Writer claim partition p's records under epoch and,
+// after the warm-up, write them (Leased only). It returns once the claim is
+// done, or with ctx's error, or ErrWriterStopped.
+func (w *Writer) Acquire(ctx context.Context, p int, epoch uint64) error {
+	return w.do(ctx, func(r *writerRun) { r.acquire(ctx, p, epoch) })
+}
+
+// Release writes partition p's changed records one last time (if its
+// warm-up is over and it may still be written) and stops writing it. It
+// returns when done, or with ctx's error, or ErrWriterStopped.
+func (w *Writer) Release(ctx context.Context, p int) error {
+	return w.do(ctx, func(r *writerRun) { r.release(ctx, p) })
+}
+
+// Drop stops writing partition p at once, writing nothing more (its lease
+// is lost). It returns when done, or with ctx's error, or ErrWriterStopped.
+func (w *Writer) Drop(ctx context.Context, p int) error {
+	return w.do(ctx, func(r *writerRun) { r.unhold(p, "dropped") })
+}
+
+// do runs fn on Run's goroutine and waits for it.
+func (w *Writer) do(ctx context.Context, fn func(*writerRun)) error {
+	ran := make(chan struct{})
+	select {
+	case w.cmds <- func(r *writerRun) { fn(r); close(ran) }:
+	case <-w.done:
+		return ErrWriterStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-ran:
+		return nil
+	case <-w.done:
+		return ErrWriterStopped
+	}
+}
+
+// Run writes until ctx is done, then writes the changes still pending (of
+// the partitions it may write), bounded by WriteTimeout, and returns nil. It
+// returns ErrWriterRunning when called a second time.
 func (w *Writer) Run(ctx context.Context) error {
 	if !w.started.CompareAndSwap(false, true) {
 		return ErrWriterRunning
 	}
-	r := &writerRun{
-		w:       w,
-		records: make(map[string]*writerRecord),
-		dirty:   make(map[string]struct{}),
-		spare:   make(map[string]writerPending),
-		bo:      retry.NewBackoff(w.cfg.RetryMin, w.cfg.RetryMax),
-		elog:    retry.NewErrLog(w.log, slog.LevelError, "busylist: write busy-set records"),
-	}
+	defer close(w.done)
+	r := &writerRun{w: w, bo: retry.NewBackoff(w.cfg.RetryMin, w.cfg.RetryMax),
+		elog: retry.NewErrLog(w.log, slog.LevelError, "busylist: open the busy bucket")}
 	if err := r.open(ctx); err != nil {
+		w.mu.Lock()
+		w.stopped = true
+		w.mu.Unlock()
 		return nil // ctx is done before NATS came
 	}
 	close(w.ready)
@@ -269,411 +462,213 @@ func (w *Writer) Run(ctx context.Context) error {
 	return nil
 }
 
-// writerRun is the state of Run, owned by its goroutine.
+// writerRun is the state of Run that only its goroutine touches.
 type writerRun struct {
-	w        *Writer
-	kv       jetstream.KeyValue
-	epoch    uint64
-	seq      uint64
-	records  map[string]*writerRecord
-	dirty    map[string]struct{}      // models with something to write: a change, a delete or a heartbeat
-	spare    map[string]writerPending // swapped with Writer.pending
-	changed  int                      // records with changed set
-	warm     bool
-	openedAt time.Time
-	orphaned bool             // orphans have been dealt with
-	found    []events.BusySet // records read at start, for OnExisting
-	bo       retry.Backoff
-	elog     *retry.ErrLog
-}
-
-// writerRecord is what the Writer knows of a model's key.
-type writerRecord struct {
-	content events.BusySet // latest content given; valid when hasContent
-	has     bool           // content is set
-	exists  bool           // the key may hold a record: found at start or put by us
-	orphan  bool           // found at start, never given since
-	del     bool           // the key must be deleted
-	changed bool           // content or delete not yet written
-	lastPut time.Time      // start of the last successful put, monotonic
-}
-
-// open opens the bucket and reads the records in it, retrying until it
-// succeeds or ctx is done.
-func (r *writerRun) open(ctx context.Context) error {
-	w := r.w
-	for {
-		kv, err := writerOpenBucket(ctx, w.cfg.JetStream, w.cfg.Bucket, w.cfg.Replicas, w.cfg.WriteTimeout,
-			&r.bo, r.elog, func(error) { w.metrics.errors.WithLabelValues(writerKindOpen).Inc() })
-		if err != nil {
-			return err
-		}
-		r.kv = kv
-		n, maxEpoch, err := r.scan(ctx)
-		if err == nil {
-			r.epoch = maxEpoch + 1
-			r.openedAt = time.Now()
-			r.bo.Reset()
-			r.elog.OK()
-			w.epoch.Store(r.epoch)
-			w.metrics.epoch.Set(float64(r.epoch))
-			w.log.Info("busylist: writer started", "epoch", r.epoch, "records", n,
-				"monitor_id", w.cfg.MonitorID, "warmup", w.cfg.Warmup)
-			if w.cfg.OnExisting != nil {
-				w.cfg.OnExisting(r.found)
-			}
-			r.found = nil
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		w.metrics.errors.WithLabelValues(writerKindOpen).Inc()
-		r.elog.Fail(err)
-		if !sleepCtx(ctx, r.bo.Next()) {
-			return ctx.Err()
-		}
-	}
-}
-
-// writerOpenBucket opens (creating if needed) a bucket, retrying with
-// backoff and rate-limited error logs until it succeeds or ctx is done. Each
-// attempt is bounded by timeout. It returns ctx's error when ctx ends first.
-func writerOpenBucket(ctx context.Context, js jetstream.JetStream, bucket string, replicas int,
-	timeout time.Duration, bo *retry.Backoff, elog *retry.ErrLog, onErr func(error),
-) (jetstream.KeyValue, error) {
-	for {
-		octx, cancel := context.WithTimeout(ctx, timeout)
-		kv, err := OpenBucket(octx, js, bucket, replicas)
-		cancel()
-		if err == nil {
-			elog.OK()
-			return kv, nil
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if onErr != nil {
-			onErr(err)
-		}
-		elog.Fail(err, "bucket", bucket)
-		if !sleepCtx(ctx, bo.Next()) {
-			return nil, ctx.Err()
-		}
-	}
-}
-
-// scan reads the records in the bucket: their keys become orphans until
-// set, and their highest epoch is returned.
-func (r *writerRun) scan(ctx context.Context) (n int, maxEpoch uint64, err error) {
-	w := r.w
-	sctx, cancel := context.WithTimeout(ctx, w.cfg.WriteTimeout)
-	defer cancel()
-	found := make(map[string]struct{})
-	r.found = r.found[:0]
-	err = readBucket(sctx, r.kv, func(e jetstream.KeyValueEntry) {
-		if epoch, ok := r.existing(e); ok {
-			maxEpoch = max(maxEpoch, epoch)
-		}
-		if model, err := events.ParseModelKey(e.Key()); err == nil {
-			found[model] = struct{}{}
-			if rec, err := events.DecodeBusySet(e.Value()); err == nil && rec.Model == model {
-				r.found = append(r.found, rec)
-			}
-		} else {
-			w.log.Warn("busylist: ignoring a key that is not a model key", "key", e.Key(), "err", err)
-		}
-	})
-	if err != nil {
-		return 0, 0, fmt.Errorf("busylist: read bucket %s: %w", w.cfg.Bucket, err)
-	}
-	w.mu.Lock()
-	for model := range found {
-		w.known[model] = struct{}{}
-		r.records[model] = &writerRecord{exists: true, orphan: true}
-	}
-	w.mu.Unlock()
-	return len(found), maxEpoch, nil
-}
-
-// existing returns the epoch of a record found at start. Only the epoch is
-// decoded, leniently, so that a record this version cannot fully decode
-// still counts.
-func (r *writerRun) existing(e jetstream.KeyValueEntry) (uint64, bool) {
-	var rec struct {
-		Epoch uint64 `msgpack:"epoch"`
-	}
-	if err := msgpack.Unmarshal(e.Value(), &rec); err != nil {
-		r.w.metrics.badRecords.Inc()
-		r.w.log.Warn("busylist: cannot read the epoch of a record", "key", e.Key(), "err", err)
-		return 0, false
-	}
-	return rec.Epoch, true
+	w     *Writer
+	kv    jetstream.KeyValue // the bucket, for Run's own reads and claims
+	found []events.BusySet   // records read at start or claimed, for OnExisting
+	bo    retry.Backoff      // of opening the bucket
+	elog  *retry.ErrLog      // of opening the bucket
 }
 
 // loop is Run's select loop once the bucket is open.
 func (r *writerRun) loop(ctx context.Context) {
 	w := r.w
-	tick := max(w.cfg.Heartbeat/4, time.Millisecond)
+	tick := max(min(w.cfg.Heartbeat/4, 100*time.Millisecond), time.Millisecond)
 	hb := time.NewTicker(tick)
 	defer hb.Stop()
-	var warmC <-chan time.Time
-	timerDone := w.cfg.Warmup == 0
-	if !timerDone {
-		t := time.NewTimer(w.cfg.Warmup)
-		defer t.Stop()
-		warmC = t.C
-	}
 	holdC := w.cfg.HoldUntil
-	held := holdC != nil
-	r.warm = timerDone && !held
-	retry := time.NewTimer(time.Hour)
-	retry.Stop()
-	defer retry.Stop()
-	var retryC <-chan time.Time
+	retryT := time.NewTimer(time.Hour)
+	retryT.Stop()
+	defer retryT.Stop()
+	// What was given before the bucket was open.
+	retryAt := w.startAll(-1, false)
+	if !retryAt.IsZero() {
+		retryT.Reset(time.Until(retryAt))
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			r.shutdown(ctx)
 			return
+		case fn := <-w.cmds:
+			fn(r)
 		case <-w.wake:
-		case <-warmC:
-			warmC, timerDone = nil, true
 		case <-holdC:
-			holdC, held = nil, false
+			holdC = nil
+			w.mu.Lock()
+			w.held = false
+			w.mu.Unlock()
 		case now := <-hb.C:
 			r.heartbeats(now, w.cfg.Heartbeat-tick)
 			r.orphans(now)
-		case <-retryC:
-			retryC = nil
+		case <-retryT.C:
+			retryAt = time.Time{}
 		}
-		if !r.warm && timerDone && !held {
-			r.warm = true
-			w.log.Info("busylist: warm-up over, writing")
+		r.resolveConflicts(ctx, -1)
+		if next := w.startAll(-1, false); !next.IsZero() && !next.Equal(retryAt) {
+			retryAt = next
+			retryT.Reset(time.Until(next))
 		}
-		r.merge()
-		if r.warm && retryC == nil && len(r.dirty) > 0 {
-			if err := r.flush(ctx, false); err != nil && ctx.Err() == nil {
-				retry.Reset(r.bo.Next())
-				retryC = retry.C
-			}
-		}
-		w.metrics.pending.Set(float64(r.changed))
 	}
-}
-
-// merge takes the pending calls and marks what changed.
-func (r *writerRun) merge() {
-	w := r.w
-	w.mu.Lock()
-	p := w.pending
-	w.pending = r.spare
-	w.mu.Unlock()
-	for model, op := range p {
-		rec := r.records[model]
-		if op.deleted {
-			switch {
-			case rec == nil:
-			case !rec.exists:
-				r.drop(model, rec)
-			default:
-				rec.del, rec.orphan = true, false
-				r.markChanged(model, rec)
-			}
-			continue
-		}
-		if rec == nil {
-			rec = &writerRecord{}
-			r.records[model] = rec
-		}
-		if rec.has && !rec.del && !rec.orphan && writerSameContent(&rec.content, &op.set) {
-			continue
-		}
-		rec.content, rec.has = op.set, true
-		rec.del, rec.orphan = false, false
-		r.markChanged(model, rec)
-	}
-	clear(p)
-	r.spare = p
-}
-
-func (r *writerRun) markChanged(model string, rec *writerRecord) {
-	if !rec.changed {
-		rec.changed = true
-		r.changed++
-	}
-	r.dirty[model] = struct{}{}
-}
-
-func (r *writerRun) clearChanged(rec *writerRecord) {
-	if rec.changed {
-		rec.changed = false
-		r.changed--
-	}
-}
-
-// drop forgets a model's key.
-func (r *writerRun) drop(model string, rec *writerRecord) {
-	r.clearChanged(rec)
-	delete(r.records, model)
-	delete(r.dirty, model)
 }
 
 // heartbeats marks for a re-put every record put more than due ago. With
 // due = Heartbeat - tick, scanned every tick, no record goes longer than
 // Heartbeat without a put while writes succeed.
 func (r *writerRun) heartbeats(now time.Time, due time.Duration) {
-	for model, rec := range r.records {
-		if rec.orphan || rec.del || rec.changed || rec.lastPut.IsZero() {
+	w := r.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, rec := range w.recs {
+		if rec.orphan || rec.del || rec.changed || rec.writing || rec.lastPut.IsZero() || !w.parts[rec.part].holds {
 			continue
 		}
 		if now.Sub(rec.lastPut) >= due {
-			r.dirty[model] = struct{}{}
+			rec.hbDue = true
 		}
 	}
 }
 
-// orphans, once OrphanAfter has passed since the bucket opened, marks for
-// deletion the records found at start for models never set since.
+// orphans, once OrphanAfter has passed since a partition was taken, marks
+// for deletion the records found then for models never set since.
 func (r *writerRun) orphans(now time.Time) {
 	w := r.w
-	if r.orphaned || now.Sub(r.openedAt) < w.cfg.OrphanAfter {
-		return
-	}
-	r.orphaned = true
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for model, rec := range r.records {
-		if !rec.orphan {
+	var due []int
+	for p := range w.parts {
+		pt := &w.parts[p]
+		if pt.holds && !pt.orphaned && !now.Before(pt.orphansAt) {
+			pt.orphaned = true
+			due = append(due, p)
+		}
+	}
+	if len(due) == 0 {
+		return
+	}
+	for model, rec := range w.recs {
+		if !rec.orphan || !slices.Contains(due, rec.part) {
 			continue
 		}
-		if _, ok := w.pending[model]; ok {
-			continue // set or deleted meanwhile: merge decides
-		}
 		rec.orphan, rec.del = false, true
-		r.markChanged(model, rec)
+		rec.gen++
+		w.markChangedLocked(rec)
 		delete(w.known, model)
 		w.log.Info("busylist: deleting a record no monitor wrote since start", "model", model)
 	}
 }
 
-// flush writes the dirty records, one KV operation at a time, and stops at
-// the first failure. With onlyChanged, heartbeats are left out.
-func (r *writerRun) flush(ctx context.Context, onlyChanged bool) error {
-	for model := range r.dirty {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		rec := r.records[model]
-		if rec == nil {
-			delete(r.dirty, model)
-			continue
-		}
-		if onlyChanged && !rec.changed {
-			continue
-		}
-		var err error
-		if rec.del {
-			err = r.delete(ctx, model, rec)
-		} else {
-			err = r.put(ctx, model, rec)
-		}
-		if err != nil {
-			return err
-		}
-		delete(r.dirty, model)
-	}
-	return nil
-}
-
-// put writes a model's record. A record that cannot be written at all (an
-// invalid key, an encoding error) is logged and dropped, not retried.
-func (r *writerRun) put(ctx context.Context, model string, rec *writerRecord) error {
+// release writes partition p's changes once more and stops writing it.
+func (r *writerRun) release(ctx context.Context, p int) {
 	w := r.w
-	kind := writerKindHeartbeat
-	if rec.changed {
-		kind = writerKindChange
+	w.mu.Lock()
+	holds := p >= 0 && p < len(w.parts) && w.parts[p].holds
+	w.mu.Unlock()
+	if !holds {
+		return
 	}
-	r.seq++
-	out := rec.content
-	out.V = events.SchemaVersion
-	out.UpdatedAt = w.now().UnixNano()
-	out.MonitorID = w.cfg.MonitorID
-	out.Epoch = r.epoch
-	out.Seq = r.seq
-	data, err := events.MarshalBusySet(&out)
-	if err != nil {
-		w.metrics.errors.WithLabelValues(kind).Inc()
-		w.log.Error("busylist: cannot encode a busy set, dropping it", "model", model, "err", err)
-		r.clearChanged(rec)
-		return nil
+	fctx, cancel := context.WithTimeout(ctx, w.cfg.WriteTimeout)
+	if n := r.settle(fctx, p); n > 0 {
+		w.log.Warn("busylist: releasing a partition with changes not written", "partition", p, "pending", n,
+			"err", context.Cause(fctx))
 	}
-	rec.exists = true // a put that times out may still land
-	octx, cancel := context.WithTimeout(ctx, w.cfg.WriteTimeout)
-	start := time.Now()
-	_, err = r.kv.Put(octx, events.ModelKey(model), data)
 	cancel()
-	w.metrics.duration.Observe(time.Since(start).Seconds())
-	if err != nil {
-		w.metrics.errors.WithLabelValues(kind).Inc()
-		if errors.Is(err, jetstream.ErrInvalidKey) {
-			w.log.Error("busylist: cannot write a model's record, dropping it", "model", model, "err", err)
-			r.drop(model, rec)
-			return nil
-		}
-		r.elog.Fail(err, "model", model, "kind", kind)
-		return fmt.Errorf("busylist: put %s: %w", model, err)
-	}
-	w.metrics.writes.WithLabelValues(kind).Inc()
-	rec.lastPut = start
-	r.clearChanged(rec)
-	r.bo.Reset()
-	r.elog.OK()
-	return nil
+	r.unhold(p, "released")
 }
 
-// delete deletes a model's key.
-func (r *writerRun) delete(ctx context.Context, model string, rec *writerRecord) error {
+// settle writes the changed records of partition p (every partition when p
+// is negative) that may be written and waits for their writes, and for those
+// of the same keys given meanwhile, until none is left or ctx is done. It
+// returns how many changed records it leaves unwritten (those of
+// partitions that may not be written included).
+func (r *writerRun) settle(ctx context.Context, p int) int {
 	w := r.w
-	octx, cancel := context.WithTimeout(ctx, w.cfg.WriteTimeout)
-	start := time.Now()
-	err := r.kv.Delete(octx, events.ModelKey(model))
-	cancel()
-	w.metrics.duration.Observe(time.Since(start).Seconds())
-	if err != nil {
-		w.metrics.errors.WithLabelValues(writerKindDelete).Inc()
-		if errors.Is(err, jetstream.ErrInvalidKey) {
-			r.drop(model, rec)
-			return nil
+	for {
+		r.resolveConflicts(ctx, p)
+		w.startAll(p, true)
+		w.mu.Lock()
+		busy, left := false, 0
+		var retry time.Time
+		now := time.Now()
+		for _, rec := range w.recs {
+			if p >= 0 && rec.part != p {
+				continue
+			}
+			switch {
+			case rec.writing:
+				busy = true
+			case rec.changed && w.writableLocked(rec.part, now):
+				busy, left = true, left+1
+				if retry.IsZero() || rec.retryAt.Before(retry) {
+					retry = rec.retryAt
+				}
+			case rec.changed:
+				left++
+			}
 		}
-		r.elog.Fail(err, "model", model, "kind", writerKindDelete)
-		return fmt.Errorf("busylist: delete %s: %w", model, err)
+		if !busy || ctx.Err() != nil {
+			w.mu.Unlock()
+			return left
+		}
+		w.waiting = true
+		progress := w.progress
+		w.mu.Unlock()
+		var after <-chan time.Time
+		var t *time.Timer
+		if !retry.IsZero() {
+			t = time.NewTimer(max(time.Until(retry), 0))
+			after = t.C
+		}
+		select {
+		case <-progress:
+		case <-after:
+		case <-ctx.Done():
+		}
+		if t != nil {
+			t.Stop()
+		}
 	}
-	w.metrics.writes.WithLabelValues(writerKindDelete).Inc()
-	r.drop(model, rec)
-	r.bo.Reset()
-	r.elog.OK()
-	return nil
 }
 
-// shutdown writes the changes still pending, bounded by WriteTimeout. A
-// Writer still warming up writes nothing: its view may be partial.
+// shutdown writes the changes still pending, bounded by WriteTimeout, of the
+// partitions that may be written, and waits for the writes in flight. A
+// partition still warming up writes nothing: its view may be partial.
 func (r *writerRun) shutdown(ctx context.Context) {
 	w := r.w
-	r.merge()
-	defer func() { w.metrics.pending.Set(float64(r.changed)) }()
-	if r.changed == 0 {
-		return
-	}
-	if !r.warm {
-		w.log.Info("busylist: stopping during warm-up, changes not written", "pending", r.changed)
-		return
-	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.WriteTimeout)
 	defer cancel()
-	if err := r.flush(fctx, true); err != nil {
-		w.log.Warn("busylist: stopping with changes not written", "pending", r.changed, "err", err)
+	if n := r.settle(fctx, -1); n > 0 {
+		w.log.Warn("busylist: stopping with changes not written", "pending", n, "err", context.Cause(fctx))
 	}
+	w.mu.Lock()
+	w.stopped = true
+	for w.inflight > 0 && fctx.Err() == nil {
+		w.waiting = true
+		progress := w.progress
+		w.mu.Unlock()
+		select {
+		case <-progress:
+		case <-fctx.Done():
+		}
+		w.mu.Lock()
+	}
+	w.metrics.pending.Set(float64(w.changed))
+	w.mu.Unlock()
+}
+
+// writableLocked reports whether partition p's records may be written now:
+// held, claimed, warm, not held back by HoldUntil, and not fenced.
+func (w *Writer) writableLocked(p int, now time.Time) bool {
+	pt := &w.parts[p]
+	if !pt.holds || pt.claiming || w.held || w.stopped || now.Before(pt.warmUntil) {
+		return false
+	}
+	if !pt.warm {
+		pt.warm = true
+		w.log.Info("busylist: warm-up over, writing", "partition", p, "epoch", pt.epoch)
+	}
+	return w.cfg.Fence == nil || w.cfg.Fence(p)
 }
 
 // writerSameContent reports whether two busy sets have the same content:
@@ -682,5 +677,6 @@ func (r *writerRun) shutdown(ctx context.Context) {
 func writerSameContent(a, b *events.BusySet) bool {
 	return a.Model == b.Model && a.AllBusy == b.AllBusy &&
 		slices.Equal(a.Busy, b.Busy) && slices.Equal(a.Free, b.Free) && slices.Equal(a.Stale, b.Stale) &&
+		slices.Equal(a.Amber, b.Amber) && slices.Equal(a.Hard, b.Hard) &&
 		maps.Equal(a.Reasons, b.Reasons) && a.Thresholds.Equal(b.Thresholds)
 }

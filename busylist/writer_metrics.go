@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/workermon/workermon/internal/promreg"
 )
 
 // writerMetrics are the Writer's Prometheus metrics.
@@ -14,17 +16,18 @@ type writerMetrics struct {
 	pending    prometheus.Gauge
 	epoch      prometheus.Gauge
 	badRecords prometheus.Counter
+	fenced     prometheus.Counter
 }
 
 func newWriterMetrics(reg prometheus.Registerer) (writerMetrics, error) {
 	m := writerMetrics{
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "workermon_busy_writer_writes_total",
-			Help: "Successful writes to the busy bucket by kind: put_change (content changed), put_heartbeat (unchanged re-put), delete (model gone).",
+			Help: "Successful writes to the busy bucket by kind: put_change (content changed), put_heartbeat (unchanged re-put), delete (model gone), claim (a record re-put under a new epoch at a takeover).",
 		}, []string{"kind"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "workermon_busy_writer_errors_total",
-			Help: "Failed busy-bucket operations by kind: put_change, put_heartbeat, delete, open (opening or reading the bucket). Failed writes are retried.",
+			Help: "Failed busy-bucket operations by kind: put_change, put_heartbeat, delete, open (opening or reading the bucket), claim. Failed writes are retried.",
 		}, []string{"kind"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "workermon_busy_writer_write_duration_seconds",
@@ -44,27 +47,17 @@ func newWriterMetrics(reg prometheus.Registerer) (writerMetrics, error) {
 			Help: "Records found in the busy bucket at start whose epoch could not be read.",
 		}),
 	}
-	for _, k := range []string{writerKindChange, writerKindHeartbeat, writerKindDelete} {
+	m.fenced = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "workermon_busy_writer_fenced_total",
+		Help: "Times the writer stopped writing a partition because it found a record with a higher epoch (another monitor took the partition over).",
+	})
+	for _, k := range []string{writerKindChange, writerKindHeartbeat, writerKindDelete, writerKindClaim} {
 		m.writes.WithLabelValues(k)
 		m.errors.WithLabelValues(k)
 	}
 	m.errors.WithLabelValues(writerKindOpen)
-	err := writerRegister(reg, m.writes, m.errors, m.duration, m.pending, m.epoch, m.badRecords)
-	return m, err
-}
-
-// writerRegister registers every collector, or none.
-func writerRegister(reg prometheus.Registerer, cs ...prometheus.Collector) error {
-	if reg == nil {
-		return nil
+	if err := promreg.All(reg, m.writes, m.errors, m.duration, m.pending, m.epoch, m.badRecords, m.fenced); err != nil {
+		return m, fmt.Errorf("busylist: writer: %w", err)
 	}
-	for i, c := range cs {
-		if err := reg.Register(c); err != nil {
-			for _, done := range cs[:i] {
-				reg.Unregister(done)
-			}
-			return fmt.Errorf("busylist: register metrics: %w", err)
-		}
-	}
-	return nil
+	return m, nil
 }

@@ -23,9 +23,15 @@ import (
 
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/kvbucket"
 	"github.com/workermon/workermon/internal/natstest"
 	"github.com/workermon/workermon/internal/promtest"
+	"github.com/workermon/workermon/monitor"
 )
+
+// The Writer is the monitor's Sink; the assertion lives here so that the
+// package itself does not import the monitor.
+var _ monitor.PendingSink = (*busylist.Writer)(nil)
 
 // writerWait is how long the tests wait for something over the network.
 const writerWait = 5 * time.Second
@@ -119,7 +125,7 @@ func writerGo(t *testing.T, fn func(context.Context) error) {
 // bucket opens the busy bucket.
 func (e *writerEnv) bucket(t *testing.T, name string) jetstream.KeyValue {
 	t.Helper()
-	kv, err := busylist.OpenBucket(t.Context(), e.js, name, 1)
+	kv, err := kvbucket.Open(t.Context(), e.js, name, 1)
 	if err != nil {
 		t.Fatalf("OpenBucket: %v", err)
 	}
@@ -427,6 +433,12 @@ func TestWriterWritesOnlyChanges(t *testing.T) {
 	if rec.Seq <= first.Seq {
 		t.Errorf("seq %d after %d, want it to increase", rec.Seq, first.Seq)
 	}
+	// Puts are asynchronous: a watcher can see a record before the writer
+	// has its acknowledgement and counts the write, so wait for the ack.
+	writerEventually(t, "the third put acknowledged", func() bool {
+		return writerMetric(t, e.reg, "workermon_busy_writer_pending_records") == 0 &&
+			writerMetric(t, e.reg, "workermon_busy_writer_writes_total", "kind", "put_change") >= 3
+	})
 	if got := writerMetric(t, e.reg, "workermon_busy_writer_writes_total", "kind", "put_change"); got != 3 {
 		t.Errorf("put_change writes = %v, want 3", got)
 	}
@@ -521,6 +533,10 @@ func TestWriterDelete(t *testing.T) {
 	w.Delete("never")
 	w.Set(writerSet("c", nil, []uint64{3}))
 	writerEventually(t, "c written", func() bool { _, _, ok := writerGet(t, kv, "c"); return ok })
+	// The delete's answer may reach the writer after the watcher saw it.
+	writerEventually(t, "the delete counted", func() bool {
+		return writerMetric(t, e.reg, "workermon_busy_writer_writes_total", "kind", "delete") >= 1
+	})
 	if got := writerMetric(t, e.reg, "workermon_busy_writer_writes_total", "kind", "delete"); got != 1 {
 		t.Errorf("deletes = %v, want 1", got)
 	}
@@ -619,9 +635,10 @@ func TestWriterSurvivesNATSRestart(t *testing.T) {
 		return writerMetric(t, e.reg, "workermon_busy_writer_errors_total", "kind", "put_change")+
 			writerMetric(t, e.reg, "workermon_busy_writer_errors_total", "kind", "put_heartbeat") > 0
 	})
-	if got := writerMetric(t, e.reg, "workermon_busy_writer_pending_records"); got < 1 {
-		t.Errorf("pending while NATS is away = %v, want ≥ 1", got)
-	}
+	// A failed write goes back to pending after its error is counted.
+	writerEventually(t, "records pending while NATS is away", func() bool {
+		return writerMetric(t, e.reg, "workermon_busy_writer_pending_records") >= 1
+	})
 
 	opts := e.opts.Clone()
 	opts.Port = port
@@ -740,4 +757,45 @@ func TestWriterHoldsUntilReleased(t *testing.T) {
 		_, _, ok := writerGet(t, kv, "m")
 		return ok
 	})
+}
+
+// TestWriterNotPendingDuringWarmup: a record handed over during the warm-up
+// is not reported pending (monitor.PendingSink), so the monitor keeps
+// replacing it and the first write carries its latest view; once the
+// warm-up is over an unwritten record is pending again.
+func TestWriterNotPendingDuringWarmup(t *testing.T) {
+	t.Parallel()
+	e := newWriterEnv(t)
+	kv := e.bucket(t, events.BusyBucket)
+	const warmup = 500 * time.Millisecond
+	cfg := e.config()
+	cfg.Warmup = warmup
+	w, err := busylist.NewWriter(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writerGo(t, w.Run)
+	select {
+	case <-w.Ready():
+	case <-time.After(writerWait):
+		t.Fatal("writer not ready")
+	}
+	const model = "Qwen/Qwen3-0.6B"
+	w.Set(writerSet(model, nil, nil)) // a partial view: nothing heard yet
+	if w.Pending(model) {
+		t.Error("a record set during the warm-up is reported pending: the monitor would defer the next one")
+	}
+	w.Set(writerSet(model, []uint64{1}, []uint64{2})) // the view the warm-up built
+	var rec events.BusySet
+	writerEventually(t, "the first write", func() bool {
+		var ok bool
+		rec, _, ok = writerGet(t, kv, model)
+		return ok
+	})
+	if !slices.Equal(rec.Busy, []uint64{1}) || !slices.Equal(rec.Free, []uint64{2}) {
+		t.Errorf("first write after the warm-up %+v, want the latest view busy [1] free [2]", rec)
+	}
+	if w.Pending(model) {
+		t.Error("a written record is still pending")
+	}
 }

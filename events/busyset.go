@@ -1,9 +1,10 @@
 package events
 
 import (
-	"bytes"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -66,9 +67,14 @@ const (
 	ReasonKV        = "kv"
 	ReasonPrefill   = "prefill"
 	ReasonKVPrefill = "kv+prefill"
+	ReasonCordoned  = "cordoned"
 )
 
 // BusySet is a model's record in the busy bucket (contract §6).
+//
+// Amber lists the fresh workers at amber level that are not busy, and Hard
+// the busy workers at hard level, both ascending (contract §15). Records
+// written before §15 have neither key: they decode with both lists empty.
 type BusySet struct {
 	V          uint64            `msgpack:"v"`
 	Model      string            `msgpack:"model"`
@@ -76,6 +82,8 @@ type BusySet struct {
 	Free       []uint64          `msgpack:"free"`
 	Stale      []uint64          `msgpack:"stale"`
 	AllBusy    bool              `msgpack:"all_busy"`
+	Amber      []uint64          `msgpack:"amber"`
+	Hard       []uint64          `msgpack:"hard"`
 	Reasons    map[string]string `msgpack:"reasons"`
 	Thresholds Thresholds        `msgpack:"thresholds"`
 	UpdatedAt  int64             `msgpack:"updated_at"`
@@ -84,31 +92,11 @@ type BusySet struct {
 	Seq        uint64            `msgpack:"seq"`
 }
 
-// MarshalBusySet encodes a record. Nil lists and maps are written empty,
-// never as nil.
+// MarshalBusySet encodes a record with AppendBusySet. Nil lists and maps
+// are written empty, never as nil.
 func MarshalBusySet(b *BusySet) ([]byte, error) {
-	rec := *b
-	rec.V = SchemaVersion
-	if rec.Busy == nil {
-		rec.Busy = []uint64{}
-	}
-	if rec.Free == nil {
-		rec.Free = []uint64{}
-	}
-	if rec.Stale == nil {
-		rec.Stale = []uint64{}
-	}
-	if rec.Reasons == nil {
-		rec.Reasons = map[string]string{}
-	}
-	var buf bytes.Buffer
-	e := msgpack.NewEncoder(&buf)
-	e.UseCompactInts(true)
-	e.SetSortMapKeys(true)
-	if err := e.Encode(&rec); err != nil {
-		return nil, fmt.Errorf("events: marshal busy set: %w", err)
-	}
-	return buf.Bytes(), nil
+	size := 256 + 10*(len(b.Busy)+len(b.Free)+len(b.Stale)+len(b.Amber)+len(b.Hard)) + 24*len(b.Reasons)
+	return AppendBusySet(make([]byte, 0, size), b), nil
 }
 
 // DecodeBusySet decodes and checks a record.
@@ -126,6 +114,13 @@ func DecodeBusySet(data []byte) (BusySet, error) {
 	if err := ValidateModel(b.Model); err != nil {
 		return BusySet{}, err
 	}
+	// A record written before contract §15 has no amber or hard list.
+	if b.Amber == nil {
+		b.Amber = []uint64{}
+	}
+	if b.Hard == nil {
+		b.Hard = []uint64{}
+	}
 	return b, nil
 }
 
@@ -138,9 +133,30 @@ type WorkerEntry struct {
 	DPSize       uint32 `json:"dp_size"`
 	BootID       uint64 `json:"boot_id"`
 	RegisteredAt int64  `json:"registered_at"`
+	// BlockSize is the engine's tokens per KV block, 0 when it does not
+	// say (contract §7b, §11).
+	BlockSize uint32 `json:"block_size,omitempty"`
 }
 
-// RegistryKey is the key of a worker's registry entry: <model_key>.<worker_id>.
+// RegistryKey is the key of a worker's registry entry, and of its cordon
+// (contract §12): <model_key>.<worker_id>.
 func RegistryKey(model string, workerID uint64) string {
 	return fmt.Sprintf("%s.%d", ModelKey(model), workerID)
+}
+
+// ParseWorkerKey splits a key made by RegistryKey, <model_key>.<worker_id>,
+// accepting only the canonical forms.
+func ParseWorkerKey(key string) (model string, worker uint64, err error) {
+	mk, id, ok := strings.Cut(key, ".")
+	if !ok || strings.Contains(id, ".") {
+		return "", 0, fmt.Errorf("events: key %q is not <model_key>.<worker_id>: %w", key, ErrInvalidSubject)
+	}
+	if model, err = ParseModelKey(mk); err != nil {
+		return "", 0, fmt.Errorf("events: key %q: %w", key, err)
+	}
+	worker, err = strconv.ParseUint(id, 10, 64)
+	if err != nil || strconv.FormatUint(worker, 10) != id {
+		return "", 0, fmt.Errorf("events: key %q: worker id %q is not canonical decimal: %w", key, id, ErrInvalidSubject)
+	}
+	return model, worker, nil
 }

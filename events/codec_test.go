@@ -8,7 +8,10 @@ import (
 	"math"
 	"os"
 	"reflect"
+	"slices"
 	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 type vectorFile struct {
@@ -216,12 +219,20 @@ func TestGoodbyeRoundTrip(t *testing.T) {
 	if err != nil || got != g {
 		t.Fatalf("got %+v, %v", got, err)
 	}
-	s, err := ParseSubject("wm", ByeSubject("wm", g.Model, g.WorkerID))
+	s, err := ParseSubject("wm", EstByeSubject("wm", g.Model, g.WorkerID))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := got.Match(s); err != nil {
 		t.Fatal(err)
+	}
+	engine := got
+	engine.Source = SourceEngine
+	if err := engine.Match(s); !errors.Is(err, ErrSourceNotAllowed) {
+		t.Fatalf("engine goodbye on an est subject: %v", err)
+	}
+	if s, err := ParseSubject("wm", ByeSubject("wm", g.Model, g.WorkerID)); err != nil || got.Match(s) == nil || engine.Match(s) != nil {
+		t.Fatalf("bye subject: router goodbye %v, engine goodbye %v (parse %v)", got.Match(s), engine.Match(s), err)
 	}
 	s.WorkerID = "09"
 	if err := got.Match(s); !errors.Is(err, ErrMismatch) {
@@ -239,7 +250,7 @@ func TestBusySetEncodesEmptyCollections(t *testing.T) {
 	if err := msgpackUnmarshal(b, &raw); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"busy", "free", "stale"} {
+	for _, k := range []string{"busy", "free", "stale", "amber", "hard"} {
 		if l, ok := raw[k].([]any); !ok || len(l) != 0 {
 			t.Errorf("%s = %#v, want empty array", k, raw[k])
 		}
@@ -253,6 +264,53 @@ func TestBusySetEncodesEmptyCollections(t *testing.T) {
 	set, err := DecodeBusySet(b)
 	if err != nil || set.V != 1 || set.Model != "m" {
 		t.Fatalf("decode: %+v, %v", set, err)
+	}
+}
+
+func TestBusySetAmberHard(t *testing.T) {
+	t.Parallel()
+	in := BusySet{
+		Model: "m", Busy: []uint64{3, 4}, Free: []uint64{1, 2}, Amber: []uint64{2}, Hard: []uint64{4},
+		Reasons: map[string]string{"3": ReasonKV, "4": ReasonPrefill},
+	}
+	b, err := MarshalBusySet(&in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := map[string]any{}
+	if err := msgpackUnmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]uint64{"amber": 2, "hard": 4} {
+		if l, ok := raw[k].([]any); !ok || len(l) != 1 || fmt.Sprint(l[0]) != fmt.Sprint(want) {
+			t.Errorf("%s = %#v, want [%d]", k, raw[k], want)
+		}
+	}
+	got, err := DecodeBusySet(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.Amber, in.Amber) || !slices.Equal(got.Hard, in.Hard) || !slices.Equal(got.Busy, in.Busy) {
+		t.Errorf("round trip: amber %v hard %v busy %v", got.Amber, got.Hard, got.Busy)
+	}
+
+	// A record written before contract §15 has neither key: both lists
+	// decode empty, not nil, and the rest is read as before.
+	delete(raw, "amber")
+	delete(raw, "hard")
+	old, err := msgpack.Marshal(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err = DecodeBusySet(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Amber == nil || len(got.Amber) != 0 || got.Hard == nil || len(got.Hard) != 0 {
+		t.Errorf("older record: amber %#v hard %#v, want empty", got.Amber, got.Hard)
+	}
+	if !slices.Equal(got.Busy, in.Busy) || !slices.Equal(got.Free, in.Free) {
+		t.Errorf("older record: busy %v free %v", got.Busy, got.Free)
 	}
 }
 
@@ -363,11 +421,11 @@ func TestKnownKeyCoversEncodedKeys(t *testing.T) {
 		t.Fatalf("benchReport encodes %d keys, want every one of the 14", len(raw))
 	}
 	for k := range raw {
-		if got := knownKey([]byte(k)); got != k {
-			t.Errorf("knownKey(%q) = %q", k, got)
+		if got := keyNames[keyOf([]byte(k))]; got != k {
+			t.Errorf("keyOf(%q) names %q", k, got)
 		}
 	}
-	if got := knownKey([]byte("v2")); got != "" {
-		t.Errorf("knownKey(v2) = %q, want \"\"", got)
+	if got := keyOf([]byte("v2")); got != keyUnknown {
+		t.Errorf("keyOf(v2) = %d, want keyUnknown", got)
 	}
 }

@@ -10,6 +10,7 @@ package events
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // SchemaVersion is the only value of the `v` field this package accepts and
@@ -28,6 +29,13 @@ const MaxSourceLen = 128
 // SourceEngine is the source of an engine's own measurements.
 const SourceEngine = "engine"
 
+// RouterSourcePrefix starts the source of a router's estimate:
+// router/<router-id> (contract §11).
+const RouterSourcePrefix = "router/"
+
+// IsRouterSource reports whether src names a router's estimate.
+func IsRouterSource(src string) bool { return strings.HasPrefix(src, RouterSourcePrefix) }
+
 // DefaultSubjectPrefix is the first subject token when none is configured.
 const DefaultSubjectPrefix = "workermon"
 
@@ -40,6 +48,8 @@ const (
 	BusyBucket       = "workermon-busy"
 	ThresholdsBucket = "workermon-thresholds"
 	WorkersBucket    = "workermon-workers"
+	LeasesBucket     = "workermon-leases"
+	CordonsBucket    = "workermon-cordons"
 )
 
 // Sentinel errors. Every validation error wraps one of them, so callers can
@@ -57,12 +67,15 @@ var (
 	ErrInvalidSource  = errors.New("invalid source")
 	ErrInvalidSubject = errors.New("invalid subject")
 	ErrMismatch       = errors.New("subject does not match payload")
+	// ErrSourceNotAllowed: a router's estimate on a load or bye subject, or
+	// any other source on an est subject (contract §11).
+	ErrSourceNotAllowed = errors.New("source not allowed on this subject")
 )
 
 // Reason maps an error of this package to a short, stable label for metrics:
 // "empty", "too_large", "malformed", "not_map", "wrong_type", "missing_field",
 // "out_of_range", "version", "invalid_model", "invalid_source",
-// "invalid_subject", "mismatch", or "other".
+// "invalid_subject", "mismatch", "source_not_allowed", or "other".
 func Reason(err error) string {
 	for _, r := range reasons {
 		if errors.Is(err, r.err) {
@@ -88,6 +101,7 @@ var reasons = [...]struct {
 	{ErrInvalidSource, "invalid_source"},
 	{ErrInvalidSubject, "invalid_subject"},
 	{ErrMismatch, "mismatch"},
+	{ErrSourceNotAllowed, "source_not_allowed"},
 }
 
 // fieldError names the field a validation error is about.

@@ -74,8 +74,30 @@ func FuzzDecodeGoodbye(f *testing.F) {
 func FuzzDecodeBusySet(f *testing.F) {
 	b, _ := MarshalBusySet(&BusySet{Model: "m", Busy: []uint64{1}, Reasons: map[string]string{"1": "kv"}})
 	f.Add(b)
+	b, _ = MarshalBusySet(&BusySet{Model: "m", Busy: []uint64{1, 2}, Free: []uint64{3, 4}, Amber: []uint64{4}, Hard: []uint64{2},
+		Reasons: map[string]string{"1": "kv", "2": "prefill"}})
+	f.Add(b)
 	f.Add([]byte{0x80})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_, _ = DecodeBusySet(data)
+	})
+}
+
+func FuzzDecodeMigrateRequest(f *testing.F) {
+	ok, _ := MarshalMigrateRequest(MigrateRequest{Model: "m", Src: 1, Dst: 2, MaxRequests: 1, Reason: MigrateReasonFailover, Epoch: 3})
+	f.Add(ok)
+	f.Add([]byte{0x80})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r, err := DecodeMigrateRequest(data)
+		if err != nil {
+			return
+		}
+		again, err := MarshalMigrateRequest(r)
+		if err != nil {
+			t.Fatalf("a decoded request does not encode: %v", err)
+		}
+		if r2, err := DecodeMigrateRequest(again); err != nil || r2 != r {
+			t.Fatalf("round trip: %+v, %v; want %+v", r2, err, r)
+		}
 	})
 }

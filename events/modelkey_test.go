@@ -2,6 +2,7 @@ package events
 
 import (
 	"errors"
+	"hash/fnv"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -52,13 +53,24 @@ func TestParseSubject(t *testing.T) {
 		want            Subject
 		ok              bool
 	}{
-		{"workermon", "workermon.load.m.1.2", Subject{KindLoad, "m", "1", "2"}, true},
-		{"a.b", "a.b.bye.m.1", Subject{KindBye, "m", "1", ""}, true},
+		{"workermon", "workermon.load.m.1.2", Subject{Kind: KindLoad, ModelKey: "m", WorkerID: "1", DPRank: "2"}, true},
+		{"workermon", "workermon.part.3.load.m.1.2", Subject{Kind: KindLoad, Mapped: true, Partition: 3, ModelKey: "m", WorkerID: "1", DPRank: "2"}, true},
+		{"workermon", "workermon.part.0.bye.m.1", Subject{Kind: KindBye, Mapped: true, ModelKey: "m", WorkerID: "1"}, true},
+		{"workermon", "workermon.part.03.load.m.1.2", Subject{}, false},
+		{"workermon", "workermon.part.x.load.m.1.2", Subject{}, false},
+		{"workermon", "workermon.part.1.part.2.load.m.1.2", Subject{}, false},
+		{"a.b", "a.b.bye.m.1", Subject{Kind: KindBye, ModelKey: "m", WorkerID: "1"}, true},
 		{"workermon", "workermon.load.m.1", Subject{}, false},
 		{"workermon", "workermon.bye.m.1.2", Subject{}, false},
 		{"workermon", "workermon.load..1.2", Subject{}, false},
 		{"workermon", "other.load.m.1.2", Subject{}, false},
 		{"workermon", "workermon.hello.m.1", Subject{}, false},
+		{"workermon", "workermon.est.m.1.2", Subject{Kind: KindEst, ModelKey: "m", WorkerID: "1", DPRank: "2"}, true},
+		{"workermon", "workermon.est.m.1.bye", Subject{Kind: KindEstBye, ModelKey: "m", WorkerID: "1"}, true},
+		{"workermon", "workermon.part.2.est.m.1.bye", Subject{Kind: KindEstBye, Mapped: true, Partition: 2, ModelKey: "m", WorkerID: "1"}, true},
+		{"workermon", "workermon.est.m.1", Subject{}, false},
+		{"workermon", "workermon.est.m.1.", Subject{}, false},
+		{"workermon", "workermon.est.m.1.2.3", Subject{}, false},
 	}
 	for _, tt := range tests {
 		got, err := ParseSubject(tt.prefix, tt.subject)
@@ -85,6 +97,21 @@ func TestLoadSubjectRoundTrip(t *testing.T) {
 	r.DPRank = 6
 	if err := r.Match(s); !errors.Is(err, ErrMismatch) {
 		t.Fatalf("rank mismatch accepted: %v", err)
+	}
+	r.DPRank, r.Source = 7, RouterSourcePrefix+"r1"
+	if err := r.Match(s); !errors.Is(err, ErrSourceNotAllowed) || Reason(err) != "source_not_allowed" {
+		t.Fatalf("router estimate on a load subject: %v", err)
+	}
+	est, err := ParseSubject("workermon", EstSubject("workermon", r.Model, r.WorkerID, r.DPRank))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Match(est); err != nil {
+		t.Fatalf("router estimate on its est subject: %v", err)
+	}
+	r.Source = SourceEngine
+	if err := r.Match(est); !errors.Is(err, ErrSourceNotAllowed) {
+		t.Fatalf("engine report on an est subject: %v", err)
 	}
 }
 
@@ -128,4 +155,50 @@ func FuzzParseModelKey(f *testing.F) {
 			t.Fatalf("ParseModelKey(%q) = %q, which encodes to %q", key, model, ModelKey(model))
 		}
 	})
+}
+
+func TestPartition(t *testing.T) {
+	t.Parallel()
+	// The standard library's FNV-1a is the reference.
+	ref := func(s string) uint32 {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(s))
+		return h.Sum32()
+	}
+	for _, model := range []string{"Qwen/Qwen3-0.6B", "a b", "m", "meta-llama/Llama-3.1-8B-Instruct"} {
+		for _, n := range []int{2, 3, 8, 64} {
+			want := int(ref(ModelKey(model)) % uint32(n))
+			if got := Partition(model, n); got != want {
+				t.Errorf("Partition(%q, %d) = %d, want %d", model, n, got, want)
+			}
+		}
+		if got := Partition(model, 1); got != 0 {
+			t.Errorf("Partition(%q, 1) = %d", model, got)
+		}
+	}
+}
+
+func TestParseWorkerKey(t *testing.T) {
+	t.Parallel()
+	for key, want := range map[string]struct {
+		model  string
+		worker uint64
+		ok     bool
+	}{
+		"Qwen/Qwen3-0=2E6B.17":   {"Qwen/Qwen3-0.6B", 17, true},
+		"m.0":                    {"m", 0, true},
+		"m.18446744073709551615": {"m", 1<<64 - 1, true},
+		"m":                      {},
+		"m.":                     {},
+		"m.01":                   {},
+		"m.+1":                   {},
+		"m.1.2":                  {},
+		"m=2e.1":                 {},
+		".1":                     {},
+	} {
+		model, worker, err := ParseWorkerKey(key)
+		if (err == nil) != want.ok || err == nil && (model != want.model || worker != want.worker) {
+			t.Errorf("ParseWorkerKey(%q) = %q, %d, %v", key, model, worker, err)
+		}
+	}
 }

@@ -43,6 +43,11 @@ func (r *LoadReport) Validate() error {
 	if err := ValidateSource(r.Source); err != nil {
 		return err
 	}
+	return r.validateRanks()
+}
+
+// validateRanks checks the declared ranks and the rank of the report.
+func (r *LoadReport) validateRanks() error {
 	if r.DPSize == 0 {
 		return fieldError("dp_size", fmt.Errorf("must be at least 1: %w", ErrOutOfRange))
 	}
@@ -58,10 +63,21 @@ func (r *LoadReport) Validate() error {
 
 // Match checks that the subject's tokens are those of the payload.
 func (r *LoadReport) Match(s Subject) error {
-	if s.Kind != KindLoad || !matchModel(s.ModelKey, r.Model) || !matchUint(s.WorkerID, r.WorkerID) ||
+	if !s.Kind.reports() || !matchModel(s.ModelKey, r.Model) || !matchUint(s.WorkerID, r.WorkerID) ||
 		!matchUint(s.DPRank, uint64(r.DPRank)) {
 		return fmt.Errorf("events: report of worker %d rank %d of %q on subject tokens %q.%q.%q: %w",
 			r.WorkerID, r.DPRank, r.Model, s.ModelKey, s.WorkerID, s.DPRank, ErrMismatch)
+	}
+	return matchSource(s.Kind, r.Source)
+}
+
+// matchSource checks that the source may speak on a subject of kind k:
+// routers only on est subjects, and only routers there (contract §11), so
+// that NATS permissions can let a router estimate without letting it speak
+// for an engine.
+func matchSource(k Kind, src string) error {
+	if IsRouterSource(src) != k.estimates() {
+		return fmt.Errorf("events: source %q on a %s subject: %w", src, k, ErrSourceNotAllowed)
 	}
 	return nil
 }
@@ -87,11 +103,11 @@ func (g *Goodbye) Validate() error {
 
 // Match checks that the subject's tokens are those of the payload.
 func (g *Goodbye) Match(s Subject) error {
-	if s.Kind != KindBye || !matchModel(s.ModelKey, g.Model) || !matchUint(s.WorkerID, g.WorkerID) {
+	if s.Kind != KindBye && s.Kind != KindEstBye || !matchModel(s.ModelKey, g.Model) || !matchUint(s.WorkerID, g.WorkerID) {
 		return fmt.Errorf("events: goodbye of worker %d of %q on subject tokens %q.%q: %w",
 			g.WorkerID, g.Model, s.ModelKey, s.WorkerID, ErrMismatch)
 	}
-	return nil
+	return matchSource(s.Kind, g.Source)
 }
 
 // ValidateSource checks a source name: 1 to MaxSourceLen bytes of printable

@@ -2,26 +2,64 @@ package events
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 )
 
-// Kind tells a load subject from a goodbye subject.
+// Kind tells the subjects apart: an engine's reports and goodbyes, and a
+// router's estimates and goodbyes (contract §1, §11).
 type Kind uint8
 
 // Subject kinds.
 const (
+	// KindLoad: <prefix>.load.<model_key>.<worker_id>.<dp_rank>.
 	KindLoad Kind = iota + 1
+	// KindBye: <prefix>.bye.<model_key>.<worker_id>.
 	KindBye
+	// KindEst: <prefix>.est.<model_key>.<worker_id>.<dp_rank>, a router's
+	// estimate.
+	KindEst
+	// KindEstBye: <prefix>.est.<model_key>.<worker_id>.bye, a router's
+	// goodbye for its estimates of one worker. It keeps the shape of an est
+	// subject, so the partition mapping and the permissions on est.> cover
+	// it; "bye" is never a rank.
+	KindEstBye
 )
+
+// String names the kind as its subject token does ("est.bye" for
+// KindEstBye).
+func (k Kind) String() string {
+	switch k {
+	case KindLoad:
+		return "load"
+	case KindBye:
+		return "bye"
+	case KindEst:
+		return "est"
+	case KindEstBye:
+		return "est.bye"
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// reports reports whether a subject of kind k carries a LoadReport.
+func (k Kind) reports() bool { return k == KindLoad || k == KindEst }
+
+// estimates reports whether a subject of kind k carries a router's message.
+func (k Kind) estimates() bool { return k == KindEst || k == KindEstBye }
 
 // Subject is a parsed load or goodbye subject. Tokens are kept as they
 // arrived so that they can be compared to the payload exactly.
 type Subject struct {
-	Kind     Kind
-	ModelKey string
-	WorkerID string // decimal worker id token
-	DPRank   string // decimal rank token; empty for KindBye
+	Kind Kind
+	// Mapped is true for a subject a NATS server mapped under
+	// <prefix>.part.<p> (contract §10); Partition is then p.
+	Mapped    bool
+	Partition int
+	ModelKey  string
+	WorkerID  string // decimal worker id token
+	DPRank    string // decimal rank token; empty for KindBye and KindEstBye
 }
 
 // LoadSubject is the subject a rank's report is published on:
@@ -29,6 +67,19 @@ type Subject struct {
 func LoadSubject(prefix, model string, workerID uint64, rank uint32) string {
 	return prefix + ".load." + ModelKey(model) + "." + strconv.FormatUint(workerID, 10) + "." +
 		strconv.FormatUint(uint64(rank), 10)
+}
+
+// EstSubject is the subject a router's estimate for a rank is published
+// on: <prefix>.est.<model_key>.<worker_id>.<dp_rank>.
+func EstSubject(prefix, model string, workerID uint64, rank uint32) string {
+	return prefix + ".est." + ModelKey(model) + "." + strconv.FormatUint(workerID, 10) + "." +
+		strconv.FormatUint(uint64(rank), 10)
+}
+
+// EstByeSubject is the subject a router's goodbye for its estimates of one
+// worker is published on: <prefix>.est.<model_key>.<worker_id>.bye.
+func EstByeSubject(prefix, model string, workerID uint64) string {
+	return prefix + ".est." + ModelKey(model) + "." + strconv.FormatUint(workerID, 10) + ".bye"
 }
 
 // ByeSubject is the subject a goodbye is published on:
@@ -55,9 +106,10 @@ func ValidatePrefix(prefix string) error {
 	return nil
 }
 
-// ParseSubject splits a subject under prefix into its kind and tokens. It
-// checks the shape only; Report.Match and Goodbye.Match compare the tokens
-// with a payload.
+// ParseSubject splits a subject under prefix into its kind and tokens,
+// accepting the plain form and the form a partition mapping gives
+// (<prefix>.part.<p>.load..., contract §10). It checks the shape only;
+// Report.Match and Goodbye.Match compare the tokens with a payload.
 func ParseSubject(prefix, subject string) (Subject, error) {
 	rest, ok := strings.CutPrefix(subject, prefix+".")
 	if !ok {
@@ -65,12 +117,24 @@ func ParseSubject(prefix, subject string) (Subject, error) {
 	}
 	kind, rest, _ := strings.Cut(rest, ".")
 	var s Subject
+	if kind == "part" {
+		var tok string
+		tok, rest, _ = strings.Cut(rest, ".")
+		p, err := strconv.ParseUint(tok, 10, 31)
+		if err != nil || !matchUint(tok, p) {
+			return Subject{}, fmt.Errorf("events: subject %q: bad partition %q: %w", subject, tok, ErrInvalidSubject)
+		}
+		s.Mapped, s.Partition = true, int(p)
+		kind, rest, _ = strings.Cut(rest, ".")
+	}
 	var want int
 	switch kind {
 	case "load":
 		s.Kind, want = KindLoad, 3
 	case "bye":
 		s.Kind, want = KindBye, 2
+	case "est":
+		s.Kind, want = KindEst, 3
 	default:
 		return Subject{}, fmt.Errorf("events: subject %q: unknown kind %q: %w", subject, kind, ErrInvalidSubject)
 	}
@@ -78,21 +142,37 @@ func ParseSubject(prefix, subject string) (Subject, error) {
 		return Subject{}, fmt.Errorf("events: subject %q: want %d tokens after %q: %w", subject, want, kind, ErrInvalidSubject)
 	}
 	s.ModelKey, rest, _ = strings.Cut(rest, ".")
-	if s.Kind == KindLoad {
-		s.WorkerID, s.DPRank, _ = strings.Cut(rest, ".")
-	} else {
+	if s.Kind == KindBye {
 		s.WorkerID = rest
+	} else {
+		s.WorkerID, s.DPRank, _ = strings.Cut(rest, ".")
 	}
-	if s.ModelKey == "" || s.WorkerID == "" || s.Kind == KindLoad && s.DPRank == "" {
+	if s.Kind == KindEst && s.DPRank == "bye" {
+		s.Kind, s.DPRank = KindEstBye, ""
+	} else if s.Kind != KindBye && s.DPRank == "" {
+		return Subject{}, fmt.Errorf("events: subject %q has an empty token: %w", subject, ErrInvalidSubject)
+	}
+	if s.ModelKey == "" || s.WorkerID == "" {
 		return Subject{}, fmt.Errorf("events: subject %q has an empty token: %w", subject, ErrInvalidSubject)
 	}
 	return s, nil
 }
 
-// matchUint reports whether tok is the canonical decimal form of v.
+// matchUint reports whether tok is the canonical decimal form of v: digits
+// only, no leading zero but in "0" itself.
 func matchUint(tok string, v uint64) bool {
-	var buf [20]byte
-	return string(strconv.AppendUint(buf[:0], v, 10)) == tok
+	if tok == "" || tok[0] == '0' && len(tok) > 1 {
+		return false
+	}
+	var n uint64
+	for i := 0; i < len(tok); i++ {
+		d := uint64(tok[i] - '0')
+		if d > 9 || n > (math.MaxUint64-d)/10 {
+			return false
+		}
+		n = n*10 + d
+	}
+	return n == v
 }
 
 // matchModel reports whether key is exactly ModelKey(model), without

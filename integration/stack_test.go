@@ -4,6 +4,7 @@ package integration
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -20,8 +21,8 @@ import (
 	"github.com/testcontainers/testcontainers-go/network"
 	"github.com/testcontainers/testcontainers-go/wait"
 
-	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/kvbucket"
 )
 
 // The model every simulated worker serves.
@@ -34,6 +35,7 @@ const (
 	staleAfter     = 2 * time.Second
 	goneAfter      = 5 * time.Second
 	staleListAfter = 3 * time.Second // the router's
+	leaseTTL       = time.Second
 )
 
 // startTimeout bounds the start of one container, wait strategy included.
@@ -46,6 +48,8 @@ const startTimeout = 60 * time.Second
 var passwords = map[string]string{
 	"engine-1": "engine-1-integration",
 	"engine-2": "engine-2-integration",
+	"engine-3": "engine-3-integration",
+	"engine-4": "engine-4-integration",
 	"router":   "router-integration",
 	"monitor":  "monitor-integration",
 }
@@ -73,6 +77,11 @@ type stackOptions struct {
 	replicas int
 	// monitorArgs are added to the monitor's command line (thresholds).
 	monitorArgs []string
+	// monitors is the number of monitors (0 means 1): "monitor", then
+	// "monitor-2", ..., sharing the partitions (docs/ha.md).
+	monitors int
+	// routerStaleListAfter replaces the router's staleListAfter.
+	routerStaleListAfter time.Duration
 	// simArgs are added to every sim's command line (capacity, speed).
 	simArgs []string
 }
@@ -83,11 +92,13 @@ type stack struct {
 	opts    stackOptions
 	net     *testcontainers.DockerNetwork
 	nats    []*testcontainers.DockerContainer
-	natsIDs []string // aliases, same order
-	monitor *testcontainers.DockerContainer
-	sims    map[uint64]*testcontainers.DockerContainer
-	router  *testcontainers.DockerContainer
-	natsURL string // the servers as seen inside the network
+	natsIDs []string                        // aliases, same order
+	monitor *testcontainers.DockerContainer // the first of monitors
+	// monitors are every monitor, by alias.
+	monitors map[string]*testcontainers.DockerContainer
+	sims     map[uint64]*testcontainers.DockerContainer
+	router   *testcontainers.DockerContainer
+	natsURL  string // the servers as seen inside the network
 
 	mu       sync.Mutex
 	provoked []violation // the permissions violations the test provokes on purpose
@@ -110,7 +121,8 @@ func (v violation) logged() string {
 func startStack(t *testing.T, opts stackOptions) *stack {
 	t.Helper()
 	start := time.Now()
-	s := &stack{t: t, opts: opts, sims: map[uint64]*testcontainers.DockerContainer{}}
+	s := &stack{t: t, opts: opts, sims: map[uint64]*testcontainers.DockerContainer{},
+		monitors: map[string]*testcontainers.DockerContainer{}}
 	ctx := t.Context()
 	nw, err := network.New(ctx)
 	if err != nil {
@@ -124,12 +136,19 @@ func startStack(t *testing.T, opts stackOptions) *stack {
 	if opts.replicas > 1 {
 		s.provisionWorkersBucket()
 	}
-	s.monitor = s.run("monitor", workermonImage, s.monitorCmd(), []string{"8090/tcp"},
-		wait.ForHTTP("/readyz").WithPort("8090/tcp"), map[string]string{
-			"WORKERMON_NATS_USER": "monitor", "WORKERMON_NATS_PASSWORD": passwords["monitor"]})
-	if t.Failed() {
-		t.FailNow()
+	for i := range max(opts.monitors, 1) {
+		alias := "monitor"
+		if i > 0 {
+			alias = fmt.Sprintf("monitor-%d", i+1)
+		}
+		s.monitors[alias] = s.run(alias, workermonImage, s.monitorCmd(alias), []string{"8090/tcp"},
+			wait.ForHTTP("/readyz").WithPort("8090/tcp"), map[string]string{
+				"WORKERMON_NATS_USER": "monitor", "WORKERMON_NATS_PASSWORD": passwords["monitor"]})
+		if t.Failed() {
+			t.FailNow()
+		}
 	}
+	s.monitor = s.monitors["monitor"]
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for id := uint64(1); id <= uint64(opts.sims); id++ {
@@ -147,7 +166,7 @@ func startStack(t *testing.T, opts stackOptions) *stack {
 	if opts.router {
 		s.router = s.run("router", workermonImage, []string{"router",
 			"--nats-url", s.natsURL, "--http-addr", "0.0.0.0:8080",
-			"--stale-list-after", staleListAfter.String(), "--replicas", strconv.Itoa(max(opts.replicas, 1)),
+			"--stale-list-after", cmp.Or(opts.routerStaleListAfter, staleListAfter).String(), "--replicas", strconv.Itoa(max(opts.replicas, 1)),
 			"--log-level", "debug"},
 			[]string{"8080/tcp"}, wait.ForHTTP("/readyz").WithPort("8080/tcp"), map[string]string{
 				"WORKERMON_NATS_USER": "router", "WORKERMON_NATS_PASSWORD": passwords["router"]})
@@ -160,10 +179,10 @@ func startStack(t *testing.T, opts stackOptions) *stack {
 	return s
 }
 
-func (s *stack) monitorCmd() []string {
+func (s *stack) monitorCmd(alias string) []string {
 	cmd := []string{"serve", "--nats-url", s.natsURL, "--http-addr", "0.0.0.0:8090",
-		"--monitor-id", "monitor-it", "--replicas", strconv.Itoa(max(s.opts.replicas, 1)),
-		"--warmup", warmup.String(), "--heartbeat", heartbeat.String(),
+		"--monitor-id", alias + "-it", "--replicas", strconv.Itoa(max(s.opts.replicas, 1)),
+		"--warmup", warmup.String(), "--heartbeat", heartbeat.String(), "--lease-ttl", leaseTTL.String(),
 		"--stale-after", staleAfter.String(), "--gone-after", goneAfter.String()}
 	return append(cmd, s.opts.monitorArgs...)
 }
@@ -221,7 +240,7 @@ func (s *stack) startNATS() {
 func (s *stack) provisionWorkersBucket() {
 	obs := s.observe()
 	defer obs.close()
-	cfg := busylist.BucketConfig(events.WorkersBucket, s.opts.replicas)
+	cfg := kvbucket.Config(events.WorkersBucket, s.opts.replicas)
 	waitFor(s.t, 30*time.Second, "bucket "+cfg.Bucket+" provisioned at R"+strconv.Itoa(cfg.Replicas), func() (bool, string) {
 		ctx, cancel := context.WithTimeout(s.t.Context(), opTimeout)
 		defer cancel()

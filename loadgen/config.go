@@ -122,6 +122,19 @@ type Config struct {
 	// Window is the span of Stats.Window.
 	Window time.Duration
 
+	// PriorityMix, when set, gives each request a priority, sent in the
+	// PriorityHeader: priority p with probability its share over the sum
+	// of the shares. Stats.Classes then counts the answers by class. Nil:
+	// no header.
+	PriorityMix []PriorityShare
+	// Seed seeds the choice of priorities: two runs with the same seed and
+	// mix give the n-th request the same priority.
+	Seed uint64
+	// NoPriorityHeader chooses each request's priority from PriorityMix for
+	// Stats.Classes but sends no header: every request is standard at the
+	// router. With the same Seed, a baseline for a run with the header.
+	NoPriorityHeader bool
+
 	// Transport carries the requests; nil means a transport of the
 	// generator's own, sized for Concurrency.
 	Transport http.RoundTripper
@@ -210,6 +223,9 @@ func (c Config) Validate() error {
 	}
 	if c.Window < minWindow {
 		bad("Window", "%v is shorter than %v", c.Window, minWindow)
+	}
+	if err := checkMix(c.PriorityMix); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

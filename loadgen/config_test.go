@@ -128,12 +128,13 @@ func TestRecorderWindow(t *testing.T) {
 	r.begin(t0)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	for i := range 20 { // one request a second, each taking 10 ms
-		r.sent(at(time.Duration(i) * time.Second))
-		r.done(at(time.Duration(i)*time.Second+10*time.Millisecond), outOK, 200, time.Duration(i+1)*time.Millisecond)
+		r.sent(at(time.Duration(i)*time.Second), noClass)
+		r.done(at(time.Duration(i)*time.Second+10*time.Millisecond), noClass, outOK, 200, time.Duration(i+1)*time.Millisecond,
+			time.Duration(i+1)*time.Millisecond/2)
 	}
 	r.dropped(at(19 * time.Second))
-	r.sent(at(19 * time.Second))
-	r.done(at(19*time.Second), outUnavailable, 503, 0)
+	r.sent(at(19*time.Second), noClass)
+	r.done(at(19*time.Second), noClass, outUnavailable, 503, 0, 0)
 
 	s := r.stats(at(19*time.Second + 500*time.Millisecond))
 	if s.Total.Sent != 21 || s.Total.OK != 20 || s.Total.Unavailable != 1 || s.Total.Dropped != 1 ||

@@ -5,9 +5,11 @@
 // (constant, or a triangle wave between two rates) whatever the server does,
 // up to a cap on the requests in flight. A fraction of them is cancelled by
 // the client mid-way, to exercise cancellation along the path. Answers are
-// counted by outcome (200, 503, other statuses, errors, cancellations) in
-// total and over a sliding window, with latency percentiles of the
-// successful ones.
+// counted by outcome (200, 503, 429, other statuses, errors, cancellations)
+// in total and over a sliding window, with latency and time-to-first-token
+// percentiles of the successful ones. With a priority mix each request
+// carries a priority header (X-Workermon-Priority) drawn from the mix with
+// a seeded generator, and the answers are counted by priority class too.
 //
 //	g, err := loadgen.New(cfg, logger)
 //	...
@@ -26,6 +28,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/workermon/workermon/admission"
 )
 
 // Sentinel errors.
@@ -62,6 +66,7 @@ type Generator struct {
 
 	sem     chan struct{} // one token per request in flight
 	next    atomic.Uint64 // the next model, in turn
+	chooser *chooser      // the priority of each request; nil without a mix
 	started atomic.Bool
 	rec     *recorder
 }
@@ -79,6 +84,10 @@ func New(cfg Config, logger *slog.Logger) (*Generator, error) {
 		log: logger,
 		sem: make(chan struct{}, cfg.Concurrency),
 		rec: newRecorder(cfg.Window),
+	}
+	g.chooser = newChooser(cfg.PriorityMix, cfg.Seed)
+	for _, p := range cfg.PriorityMix {
+		g.rec.useClass(admission.ClassOf(p.Priority))
 	}
 	rt := cfg.Transport
 	if rt == nil {
@@ -161,13 +170,25 @@ func (g *Generator) launch(ctx context.Context, now time.Time, wg *sync.WaitGrou
 		g.rec.dropped(now)
 		return
 	}
-	g.rec.sent(now)
+	class, header := noClass, ""
+	if g.chooser != nil {
+		i := g.chooser.next()
+		class = int(admission.ClassOf(g.cfg.PriorityMix[i].Priority))
+		if !g.cfg.NoPriorityHeader {
+			header = g.chooser.header[i]
+		}
+	}
+	g.rec.sent(now, class)
 	body := g.bodies[int((g.next.Add(1)-1)%uint64(len(g.bodies)))]
 	wg.Go(func() {
 		defer func() { <-g.sem }()
 		start := time.Now()
-		o, status := g.do(ctx, body)
+		o, status, first := g.do(ctx, body, header)
 		end := time.Now()
-		g.rec.done(end, o, status, end.Sub(start))
+		ttft := end.Sub(start)
+		if !first.IsZero() {
+			ttft = first.Sub(start)
+		}
+		g.rec.done(end, class, o, status, end.Sub(start), ttft)
 	})
 }

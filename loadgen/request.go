@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/workermon/workermon/admission"
 )
 
 // drainLimit bounds how much of an error answer is read before the
@@ -63,9 +65,11 @@ func requestBody(cfg Config, model, prompt string) ([]byte, error) {
 	return json.Marshal(&r)
 }
 
-// do sends one request and reads its answer to the end. It returns how it
-// ended and the HTTP status received (0 without one).
-func (g *Generator) do(ctx context.Context, body []byte) (outcome, int) {
+// do sends one request, with the priority header when priority is not
+// empty, and reads its answer to the end. It returns how it ended, the HTTP
+// status received (0 without one) and, for a stream, when its first data
+// event arrived (zero otherwise).
+func (g *Generator) do(ctx context.Context, body []byte, priority string) (outcome, int, time.Time) {
 	reqCtx, cancelTimeout := context.WithTimeout(ctx, g.cfg.Timeout)
 	defer cancelTimeout()
 	reqCtx, cancel := context.WithCancelCause(reqCtx)
@@ -80,15 +84,18 @@ func (g *Generator) do(ctx context.Context, body []byte) (outcome, int) {
 
 	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, g.url, bytes.NewReader(body))
 	if err != nil {
-		return g.failed(ctx, reqCtx, err), 0
+		return g.failed(ctx, reqCtx, err), 0, time.Time{}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if g.cfg.Stream {
 		req.Header.Set("Accept", "text/event-stream")
 	}
+	if priority != "" {
+		req.Header.Set(admission.PriorityHeader, priority)
+	}
 	resp, err := g.client.Do(req)
 	if err != nil {
-		return g.failed(ctx, reqCtx, err), 0
+		return g.failed(ctx, reqCtx, err), 0, time.Time{}
 	}
 	defer resp.Body.Close()
 
@@ -96,33 +103,37 @@ func (g *Generator) do(ctx context.Context, body []byte) (outcome, int) {
 	case http.StatusOK:
 	case http.StatusServiceUnavailable:
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
-		return outUnavailable, resp.StatusCode
+		return outUnavailable, resp.StatusCode, time.Time{}
+	case http.StatusTooManyRequests:
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
+		return outTooMany, resp.StatusCode, time.Time{}
 	default:
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
-		return outOther, resp.StatusCode
+		return outOther, resp.StatusCode, time.Time{}
 	}
 
 	if !g.cfg.Stream {
 		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-			return g.failed(ctx, reqCtx, err), resp.StatusCode
+			return g.failed(ctx, reqCtx, err), resp.StatusCode, time.Time{}
 		}
-		return outOK, resp.StatusCode
+		return outOK, resp.StatusCode, time.Time{}
 	}
 	cancelAt := 0
 	if cancelIt {
 		cancelAt = max(1, g.cfg.MaxTokens/2)
 	}
-	err = readStream(resp.Body, cancelAt, func() { cancel(errClientCancel) })
+	var first time.Time
+	err = readStream(resp.Body, cancelAt, func() { cancel(errClientCancel) }, func() { first = time.Now() })
 	switch {
 	case err == nil:
-		return outOK, resp.StatusCode
+		return outOK, resp.StatusCode, first
 	case errors.Is(err, errClientCancel):
-		return outCancelled, resp.StatusCode
+		return outCancelled, resp.StatusCode, first
 	case errors.Is(err, errStreamError), errors.Is(err, errIncomplete):
 		g.log.Debug("loadgen: request failed", "err", err)
-		return outError, resp.StatusCode
+		return outError, resp.StatusCode, first
 	}
-	return g.failed(ctx, reqCtx, err), resp.StatusCode
+	return g.failed(ctx, reqCtx, err), resp.StatusCode, first
 }
 
 // failed classifies the error of a request: cancelled by the client on
@@ -138,10 +149,11 @@ func (g *Generator) failed(runCtx, reqCtx context.Context, err error) outcome {
 	return outError
 }
 
-// readStream reads server-sent events until [DONE]. With cancelAt > 0 it
+// readStream reads server-sent events until [DONE]. It calls first when the
+// first data event that is not an error arrives. With cancelAt > 0 it
 // calls cancel after that many chunks and returns errClientCancel. An error
 // event, or the end of the stream before [DONE], is an error.
-func readStream(body io.Reader, cancelAt int, cancel func()) error {
+func readStream(body io.Reader, cancelAt int, cancel, first func()) error {
 	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 0, 4096), maxEventSize)
 	chunks := 0
@@ -163,6 +175,9 @@ func readStream(body io.Reader, cancelAt int, cancel func()) error {
 			return errStreamError
 		}
 		chunks++
+		if chunks == 1 {
+			first()
+		}
 		if cancelAt > 0 && chunks >= cancelAt {
 			cancel()
 			return errClientCancel

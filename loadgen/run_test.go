@@ -69,7 +69,7 @@ func runFor(t *testing.T, g *Generator, d time.Duration) Stats {
 // checkSum fails unless every request sent is counted by one outcome.
 func checkSum(t *testing.T, c Counts) {
 	t.Helper()
-	if sum := c.OK + c.Unavailable + c.OtherStatus + c.Errors + c.Cancelled + c.Aborted; sum != c.Sent {
+	if sum := c.OK + c.Unavailable + c.TooMany + c.OtherStatus + c.Errors + c.Cancelled + c.Aborted; sum != c.Sent {
 		t.Errorf("outcomes add up to %d of %d sent: %+v", sum, c.Sent, c)
 	}
 }
@@ -298,7 +298,8 @@ func TestStreamFailures(t *testing.T) {
 			func(c Counts) uint64 { return c.Errors }},
 		{"error data", 200, "data: {\"error\":{\"message\":\"x\"}}\n\ndata: [DONE]\n\n",
 			func(c Counts) uint64 { return c.Errors }},
-		{"other status", 429, "{}", func(c Counts) uint64 { return c.OtherStatus }},
+		{"other status", 500, "{}", func(c Counts) uint64 { return c.OtherStatus }},
+		{"429", 429, "{}", func(c Counts) uint64 { return c.TooMany }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

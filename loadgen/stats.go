@@ -5,6 +5,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/workermon/workermon/admission"
 )
 
 // windowSlots is the number of slots the window is kept in; the window
@@ -36,6 +38,19 @@ type Stats struct {
 	Window Counts
 	// Statuses counts every HTTP status received since Run started.
 	Statuses map[int]uint64
+	// Classes counts by priority class, for the classes of
+	// Config.PriorityMix (in the order sheddable, standard, critical);
+	// empty without a mix.
+	Classes []ClassStats
+}
+
+// ClassStats are the counts of one priority class.
+type ClassStats struct {
+	Class admission.Class
+	// Total and Window are as Stats's, for the requests of the class.
+	Total, Window Counts
+	// Statuses counts every HTTP status the class received.
+	Statuses map[int]uint64
 }
 
 // Counts are the outcomes of the requests of a span of time. Requests are
@@ -49,6 +64,9 @@ type Counts struct {
 	OK uint64
 	// Unavailable is the number of 503 answers (the router's rejection).
 	Unavailable uint64
+	// TooMany is the number of 429 answers (the router's rejection of a
+	// sheddable request, contract §15).
+	TooMany uint64
 	// OtherStatus is the number of answers with any other status.
 	OtherStatus uint64
 	// Errors is the number of requests that failed: transport errors,
@@ -64,6 +82,9 @@ type Counts struct {
 	Aborted uint64
 	// Latency is the time to the end of the answer of the OK requests.
 	Latency Latency
+	// TTFT is the time to the first token of the OK requests: to the
+	// first data event of a stream, to the whole answer otherwise.
+	TTFT Latency
 }
 
 // RPS returns the rate of requests sent over the span.
@@ -87,6 +108,7 @@ type outcome uint8
 const (
 	outOK outcome = iota
 	outUnavailable
+	outTooMany
 	outOther
 	outError
 	outCancelled
@@ -95,13 +117,14 @@ const (
 
 // counters are the counts of a span, without latencies.
 type counters struct {
-	sent, ok, unavailable, other, errors, cancelled, dropped, aborted uint64
+	sent, ok, unavailable, tooMany, other, errors, cancelled, dropped, aborted uint64
 }
 
 func (c *counters) add(o counters) {
 	c.sent += o.sent
 	c.ok += o.ok
 	c.unavailable += o.unavailable
+	c.tooMany += o.tooMany
 	c.other += o.other
 	c.errors += o.errors
 	c.cancelled += o.cancelled
@@ -115,6 +138,8 @@ func (c *counters) count(o outcome) {
 		c.ok++
 	case outUnavailable:
 		c.unavailable++
+	case outTooMany:
+		c.tooMany++
 	case outOther:
 		c.other++
 	case outError:
@@ -179,9 +204,20 @@ func (h *histogram) summary() Latency {
 
 // slot is one tenth of the window.
 type slot struct {
-	epoch int64 // index of the slot since the start; -1 when unused
-	c     counters
-	h     histogram
+	epoch   int64 // index of the slot since the start; -1 when unused
+	c       counters
+	h, ttft histogram
+	classes [admission.NumClasses]counters
+}
+
+// noClass is the class of a request sent without a priority mix.
+const noClass = -1
+
+// classRec is what the recorder keeps of a priority class.
+type classRec struct {
+	total      counters
+	hist, ttft histogram
+	statuses   map[int]uint64
 }
 
 // recorder keeps the counts of a run. Its methods are safe for concurrent
@@ -197,8 +233,19 @@ type recorder struct {
 	inFlight int
 	total    counters
 	hist     histogram
+	ttft     histogram
 	statuses map[int]uint64
 	slots    [windowSlots]slot
+	classes  [admission.NumClasses]*classRec // nil for a class not in the mix
+}
+
+// useClass makes the recorder count class c. Called before Run.
+func (r *recorder) useClass(c admission.Class) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.classes[c] == nil {
+		r.classes[c] = &classRec{statuses: map[int]uint64{}}
+	}
 }
 
 func newRecorder(window time.Duration) *recorder {
@@ -240,13 +287,18 @@ func (r *recorder) setTarget(rps float64) {
 	r.target = rps
 }
 
-// sent counts a request started at now.
-func (r *recorder) sent(now time.Time) {
+// sent counts a request of class (noClass: none) started at now.
+func (r *recorder) sent(now time.Time, class int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.inFlight++
 	r.total.sent++
-	r.slotAt(now).c.sent++
+	s := r.slotAt(now)
+	s.c.sent++
+	if class != noClass && r.classes[class] != nil {
+		r.classes[class].total.sent++
+		s.classes[class].sent++
+	}
 }
 
 // dropped counts a request not sent at now.
@@ -257,9 +309,10 @@ func (r *recorder) dropped(now time.Time) {
 	r.slotAt(now).c.dropped++
 }
 
-// done counts a request that ended at now with o, status (0 without an
-// answer) and, for outOK, its latency.
-func (r *recorder) done(now time.Time, o outcome, status int, latency time.Duration) {
+// done counts a request of class (noClass: none) that ended at now with
+// o, status (0 without an answer) and, for outOK, its latency and time to
+// first token.
+func (r *recorder) done(now time.Time, class int, o outcome, status int, latency, ttft time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.inFlight--
@@ -271,7 +324,22 @@ func (r *recorder) done(now time.Time, o outcome, status int, latency time.Durat
 	}
 	if o == outOK {
 		r.hist.add(latency)
+		r.ttft.add(ttft)
 		s.h.add(latency)
+		s.ttft.add(ttft)
+	}
+	if class == noClass || r.classes[class] == nil {
+		return
+	}
+	cr := r.classes[class]
+	cr.total.count(o)
+	s.classes[class].count(o)
+	if status != 0 {
+		cr.statuses[status]++
+	}
+	if o == outOK {
+		cr.hist.add(latency)
+		cr.ttft.add(ttft)
 	}
 }
 
@@ -290,36 +358,57 @@ func (r *recorder) stats(now time.Time) Stats {
 		Elapsed:   elapsed,
 		TargetRPS: r.target,
 		InFlight:  r.inFlight,
-		Total:     r.total.counts(elapsed, &r.hist),
+		Total:     r.total.counts(elapsed, &r.hist, &r.ttft),
 		Statuses:  maps.Clone(r.statuses),
 	}
 	cur := int64(elapsed / r.slotDur)
 	first := max(0, cur-windowSlots+1)
+	span := elapsed - time.Duration(first)*r.slotDur
 	var c counters
-	var h histogram
+	var h, ttft histogram
+	var classes [admission.NumClasses]counters
 	for i := range r.slots {
 		s := &r.slots[i]
 		if s.epoch >= first && s.epoch <= cur {
 			c.add(s.c)
 			h.merge(&s.h)
+			ttft.merge(&s.ttft)
+			for k := range classes {
+				classes[k].add(s.classes[k])
+			}
 		}
 	}
-	st.Window = c.counts(elapsed-time.Duration(first)*r.slotDur, &h)
+	st.Window = c.counts(span, &h, &ttft)
+	for _, k := range admission.Classes() { // sheddable, standard, critical
+		cr := r.classes[k]
+		if cr == nil {
+			continue
+		}
+		st.Classes = append(st.Classes, ClassStats{
+			Class:    k,
+			Total:    cr.total.counts(elapsed, &cr.hist, &cr.ttft),
+			Window:   classes[k].counts(span, &histogram{}, &histogram{}),
+			Statuses: maps.Clone(cr.statuses),
+		})
+	}
 	return st
 }
 
-// counts returns c with h's latencies over a span of d.
-func (c counters) counts(d time.Duration, h *histogram) Counts {
+// counts returns c with h's latencies and ttft's times to first token over
+// a span of d.
+func (c counters) counts(d time.Duration, h, ttft *histogram) Counts {
 	return Counts{
 		Duration:    d,
 		Sent:        c.sent,
 		OK:          c.ok,
 		Unavailable: c.unavailable,
+		TooMany:     c.tooMany,
 		OtherStatus: c.other,
 		Errors:      c.errors,
 		Cancelled:   c.cancelled,
 		Dropped:     c.dropped,
 		Aborted:     c.aborted,
 		Latency:     h.summary(),
+		TTFT:        ttft.summary(),
 	}
 }

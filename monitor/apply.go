@@ -3,6 +3,7 @@ package monitor
 import (
 	"container/heap"
 	"log/slog"
+	"slices"
 	"strconv"
 	"time"
 
@@ -30,12 +31,13 @@ type state struct {
 	sink      Sink
 	metrics   *metrics
 	log       *slog.Logger
-	dec       *events.Decoder
 	models    map[string]*model
 	overrides map[string]events.Thresholds
-	seen      map[string]struct{} // models seen in a report since start, bounded
+	cordons   map[string]map[uint64]struct{} // by model, then worker id
+	seen      map[string]struct{}            // models seen in a report since start, bounded
 	timers    timers
 	dirty     []*model // models with dirty set, each once
+	deferred  []*model // scratch of flushRecords
 	sc        scratch
 
 	lastRejectLog time.Time
@@ -48,52 +50,59 @@ func newState(cfg Config, sink Sink, m *metrics, log *slog.Logger) *state {
 		sink:      sink,
 		metrics:   m,
 		log:       log,
-		dec:       events.NewDecoder(),
 		models:    make(map[string]*model),
 		overrides: make(map[string]events.Thresholds),
+		cordons:   make(map[string]map[uint64]struct{}),
 		seen:      make(map[string]struct{}),
 	}
 }
 
-// handle decodes, checks and applies one message.
-func (s *state) handle(msg message, now time.Time) {
-	subj, err := events.ParseSubject(s.cfg.SubjectPrefix, msg.subject)
+// decodeMessage parses a message's subject and decodes and checks its
+// payload with dec: the work Submit does in the sender's goroutine, so that
+// the monitor's goroutine only applies.
+func decodeMessage(prefix string, dec *events.Decoder, subject string, data []byte) message {
+	msg := message{subject: subject}
+	subj, err := events.ParseSubject(prefix, subject)
 	if err != nil {
-		s.reject(events.Reason(err), msg.subject, err)
+		msg.err = err
+		return msg
+	}
+	msg.kind = subj.Kind
+	switch subj.Kind {
+	case events.KindLoad, events.KindEst:
+		if msg.report, err = dec.LoadReport(data); err == nil {
+			err = msg.report.Match(subj)
+		}
+	case events.KindBye, events.KindEstBye:
+		if msg.bye, err = dec.Goodbye(data); err == nil {
+			err = msg.bye.Match(subj)
+		}
+	}
+	msg.err = err
+	return msg
+}
+
+// handle applies one decoded message, or rejects it.
+func (s *state) handle(msg *message, now time.Time) {
+	if msg.err != nil {
+		s.reject(events.Reason(msg.err), msg.subject, msg.err)
 		return
 	}
-	switch subj.Kind {
-	case events.KindLoad:
-		r, err := s.dec.LoadReport(msg.data)
-		if err == nil {
-			err = r.Match(subj)
-		}
-		if err != nil {
-			s.reject(events.Reason(err), msg.subject, err)
-			return
-		}
-		if reason := s.applyReport(&r, now); reason != "" {
+	switch msg.kind {
+	case events.KindLoad, events.KindEst:
+		if reason := s.applyReport(&msg.report, now); reason != "" {
 			s.reject(reason, msg.subject, nil)
 			return
 		}
 		s.metrics.acceptedLoad.Inc()
-		s.metrics.lag.Observe(max(0, float64(now.UnixNano()-r.SentAt)/1e9))
-	case events.KindBye:
-		g, err := s.dec.Goodbye(msg.data)
-		if err == nil {
-			err = g.Match(subj)
-		}
-		if err != nil {
-			s.reject(events.Reason(err), msg.subject, err)
-			return
-		}
-		if reason := s.applyGoodbye(&g, now); reason != "" {
+		s.metrics.lag.Observe(max(0, float64(now.UnixNano()-msg.report.SentAt)/1e9))
+	case events.KindBye, events.KindEstBye:
+		if reason := s.applyGoodbye(&msg.bye, now); reason != "" {
 			s.reject(reason, msg.subject, nil)
 			return
 		}
 		s.metrics.acceptedBye.Inc()
 	}
-	s.metrics.recompute.Observe(time.Since(now).Seconds())
 }
 
 // reject counts a rejected message and logs at a limited rate.
@@ -138,14 +147,14 @@ func (s *state) applyReport(r *events.LoadReport, now time.Time) string {
 		if len(w.sources) >= s.cfg.MaxSourcesPerWorker {
 			return rejectSources
 		}
-		src = &sourceState{bootID: r.BootID, ranks: make(map[uint32]*rankState)}
+		src = &sourceState{bootID: r.BootID, router: events.IsRouterSource(r.Source), ranks: make(map[uint32]*rankState)}
 		w.sources[r.Source] = src
 	case src.bootID != r.BootID:
 		if r.SentAt <= src.sentAt {
 			return rejectDeadBoot
 		}
 		// The publisher restarted: its old state goes.
-		*src = sourceState{bootID: r.BootID, ranks: make(map[uint32]*rankState)}
+		*src = sourceState{bootID: r.BootID, router: src.router, ranks: make(map[uint32]*rankState)}
 	case r.Seq <= src.seq:
 		return rejectDuplicate
 	}
@@ -204,7 +213,7 @@ func (s *state) applyGoodbye(g *events.Goodbye, now time.Time) string {
 	}
 	clear(w.sources)
 	w.left, w.leftBoot, w.leftSentAt, w.leftAt = true, g.BootID, g.SentAt, now
-	m.setClass(w, ClassNone, 0)
+	m.setClass(w, ClassNone, 0, LevelFree)
 	s.markDirty(m)
 	s.timers.scheduleAt(w, now.Add(s.cfg.GoneAfter))
 	return ""
@@ -236,8 +245,13 @@ func (s *state) evaluate(w *worker, now time.Time) {
 	if w.left {
 		return
 	}
-	c, r := classify(w.model.thresholds, w.sources, now.Add(-s.cfg.StaleAfter), &s.sc)
-	w.model.setClass(w, c, r)
+	c, r, lvl := classify(w.model.thresholds, s.cfg.fractions(), w, s.cfg.ReleaseMargin, now.Add(-s.cfg.StaleAfter), &s.sc)
+	if (c == ClassFree || c == ClassBusy) && s.cordoned(w.model.name, w.id) {
+		// A cordoned worker gets nothing new, critical requests included
+		// (contract §12): it is listed busy and hard.
+		c, r, lvl = ClassBusy, ReasonCordoned, LevelHard
+	}
+	w.model.setClass(w, c, r, lvl)
 	s.markDirty(w.model)
 }
 
@@ -321,7 +335,7 @@ func oldestHeard(w *worker) time.Time {
 func (s *state) removeWorker(w *worker) {
 	m := w.model
 	s.timers.remove(w)
-	m.setClass(w, ClassNone, 0)
+	m.setClass(w, ClassNone, 0, LevelFree)
 	delete(m.workers, w.id)
 	if len(m.workers) == 0 {
 		// flush deletes the record. setClass did not mark it when w had
@@ -351,9 +365,61 @@ func (s *state) seed(records []events.BusySet, now time.Time) {
 					continue
 				}
 				w := s.newWorker(m, id)
+				if s.cfg.ReleaseMargin > 0 {
+					w.seedLatch = seedLatchOf(&rec, id, w.idText)
+				}
 				s.evaluate(w, now)
 				s.timers.scheduleAt(w, now.Add(s.cfg.GoneAfter))
 			}
+		}
+	}
+}
+
+// seedLatchOf is what rec says of worker id's checks at each level, to seed
+// the latch of a new writer (contract §12, §15): a busy worker starts
+// latched busy and amber on the checks of its reason, and hard on them too
+// when the record lists it hard; an amber worker starts latched amber on
+// every check (the record does not say which held).
+func seedLatchOf(rec *events.BusySet, id uint64, idText string) Latch {
+	if _, ok := slices.BinarySearch(rec.Busy, id); ok {
+		c := latchOf(rec.Reasons[idText])
+		l := Latch{Amber: c, Busy: c}
+		if _, ok := slices.BinarySearch(rec.Hard, id); ok {
+			l.Hard = c
+		}
+		return l
+	}
+	if _, ok := slices.BinarySearch(rec.Amber, id); ok {
+		return Latch{Amber: checkAll}
+	}
+	return Latch{}
+}
+
+// cordoned reports whether an operator cordoned the worker.
+func (s *state) cordoned(model string, worker uint64) bool {
+	_, ok := s.cordons[model][worker]
+	return ok
+}
+
+// setCordon records a cordon (on) or its removal and re-evaluates the
+// worker when it is known.
+func (s *state) setCordon(model string, worker uint64, on bool, now time.Time) {
+	ws := s.cordons[model]
+	if on {
+		if ws == nil {
+			ws = make(map[uint64]struct{})
+			s.cordons[model] = ws
+		}
+		ws[worker] = struct{}{}
+	} else {
+		delete(ws, worker)
+		if len(ws) == 0 {
+			delete(s.cordons, model)
+		}
+	}
+	if m := s.models[model]; m != nil {
+		if w := m.workers[worker]; w != nil {
+			s.evaluate(w, now)
 		}
 	}
 }
@@ -379,10 +445,24 @@ func (s *state) setOverride(model string, t *events.Thresholds) {
 	}
 }
 
-// flush hands every changed record to the Sink, and deletes the records of
-// models with no worker left.
-func (s *state) flush() {
+// flush hands the changed records to the Sink (see flushRecords), and
+// deletes the records of models with no worker left.
+func (s *state) flush() { s.flushRecords(false) }
+
+// flushAll hands every changed record to the sink, deferring none.
+func (s *state) flushAll() { s.flushRecords(true) }
+
+// flushRecords hands the changed records to the sink. Unless all, a model
+// whose previous record a PendingSink has not taken yet stays queued: its
+// record is built at the next flush after Monitor.Kick.
+func (s *state) flushRecords(all bool) {
+	ps, _ := s.sink.(PendingSink)
+	deferred := s.deferred[:0]
 	for _, m := range s.dirty {
+		if len(m.workers) > 0 && !all && ps != nil && ps.Pending(m.name) {
+			deferred = append(deferred, m)
+			continue
+		}
 		m.dirty, m.queued = false, false
 		if len(m.workers) == 0 {
 			delete(s.models, m.name)
@@ -390,10 +470,17 @@ func (s *state) flush() {
 			s.metrics.forgetModel(m.name)
 			continue
 		}
-		s.sink.Set(m.record())
+		rec := m.record()
+		if rec.AllBusy != m.allBusy {
+			m.allBusy = rec.AllBusy
+			s.metrics.allBusyChanges.WithLabelValues(m.name).Inc()
+		}
+		s.sink.Set(rec)
 		s.metrics.setWorkers(m)
 	}
 	clear(s.dirty)
-	s.dirty = s.dirty[:0]
+	s.dirty = append(s.dirty[:0], deferred...)
+	clear(deferred)
+	s.deferred = deferred[:0]
 	s.metrics.models.Set(float64(len(s.models)))
 }

@@ -13,11 +13,17 @@ type Reason uint8
 const (
 	ReasonKV Reason = 1 << iota
 	ReasonPrefill
+	// ReasonCordoned: an operator cordoned the worker (contract §12); it
+	// outranks the others in a record.
+	ReasonCordoned
 )
 
-// String returns the contract's spelling: "kv", "prefill", "kv+prefill", or
-// "" when not busy.
+// String returns the contract's spelling: "kv", "prefill", "kv+prefill",
+// "cordoned", or "" when not busy.
 func (r Reason) String() string {
+	if r&ReasonCordoned != 0 {
+		return events.ReasonCordoned
+	}
 	switch r {
 	case ReasonKV:
 		return events.ReasonKV
@@ -42,24 +48,226 @@ type RankLoad struct {
 // RankBusy applies the busy rules of the contract (§5) to one rank. Every
 // comparison is strict; an unset threshold is a check that is off.
 func RankBusy(t events.Thresholds, l RankLoad) Reason {
+	return RankChecks(t, l, 0, 0).Reason()
+}
+
+// Checks is a set of the three busy checks of a rank.
+type Checks uint8
+
+// The busy checks.
+const (
+	CheckDecode      Checks = 1 << iota // active_decode_blocks_threshold
+	CheckPrefill                        // active_prefill_tokens_threshold
+	CheckPrefillFrac                    // active_prefill_tokens_threshold_frac
+	checkPrefillBoth = CheckPrefill | CheckPrefillFrac
+	checkAll         = CheckDecode | checkPrefillBoth
+)
+
+// Reason is the busy reason of the checks that hold.
+func (c Checks) Reason() Reason {
 	var r Reason
-	if t.ActiveDecodeBlocks != nil && l.KVTotalBlocks > 0 &&
-		float64(l.ActiveDecodeBlocks) > *t.ActiveDecodeBlocks*float64(l.KVTotalBlocks) {
+	if c&CheckDecode != 0 {
 		r |= ReasonKV
 	}
-	if t.ActivePrefillTokens != nil && l.ActivePrefillTokens > *t.ActivePrefillTokens {
+	if c&checkPrefillBoth != 0 {
 		r |= ReasonPrefill
+	}
+	return r
+}
+
+// latchOf is what a record's reason says of the checks that made a worker
+// busy, to seed the latch of a new writer (contract §12).
+func latchOf(reason string) Checks {
+	switch reason {
+	case events.ReasonKV:
+		return CheckDecode
+	case events.ReasonPrefill:
+		return checkPrefillBoth
+	case events.ReasonKVPrefill:
+		return checkAll
+	}
+	return 0
+}
+
+// RankChecks applies the busy rules with hysteresis (contract §12) to one
+// rank: a check holds when its value is strictly above the threshold (§5),
+// or, for a check in latched (it held before), strictly above its release
+// level, (1 − margin) × the threshold. A rank is busy while any check holds,
+// so it becomes free only when every check that made it busy is at or
+// below its release level. With margin 0 the release level is the
+// threshold: exactly §5. Arithmetic in float64, left to right.
+func RankChecks(t events.Thresholds, l RankLoad, margin float64, latched Checks) Checks {
+	release := 1 - margin
+	var c Checks
+	if t.ActiveDecodeBlocks != nil && l.KVTotalBlocks > 0 {
+		level := *t.ActiveDecodeBlocks * float64(l.KVTotalBlocks)
+		if latched&CheckDecode != 0 {
+			level = release * *t.ActiveDecodeBlocks * float64(l.KVTotalBlocks)
+		}
+		if float64(l.ActiveDecodeBlocks) > level {
+			c |= CheckDecode
+		}
+	}
+	if t.ActivePrefillTokens != nil {
+		above := l.ActivePrefillTokens > *t.ActivePrefillTokens
+		if latched&CheckPrefill != 0 {
+			above = float64(l.ActivePrefillTokens) > release*float64(*t.ActivePrefillTokens)
+		}
+		if above {
+			c |= CheckPrefill
+		}
 	}
 	if t.ActivePrefillTokensFrac != nil {
 		capacity := l.MaxNumBatchedTokens
 		if capacity == 0 {
 			capacity = events.DefaultMaxNumBatchedTokens
 		}
-		if float64(l.ActivePrefillTokens) > math.Trunc(*t.ActivePrefillTokensFrac*float64(capacity)) {
-			r |= ReasonPrefill
+		level := math.Trunc(*t.ActivePrefillTokensFrac * float64(capacity))
+		if latched&CheckPrefillFrac != 0 {
+			level = math.Trunc(release * *t.ActivePrefillTokensFrac * float64(capacity))
+		}
+		if float64(l.ActivePrefillTokens) > level {
+			c |= CheckPrefillFrac
 		}
 	}
-	return r
+	return c
+}
+
+// Level is a rank's or a worker's place on the graded scale of priority
+// classes (contract §15): free, amber (near its thresholds), busy (§5) and
+// hard (beyond them). Each level includes the ones below it.
+type Level uint8
+
+// Levels, in order.
+const (
+	LevelFree Level = iota
+	LevelAmber
+	LevelBusy
+	LevelHard
+)
+
+// String returns the level's name.
+func (l Level) String() string {
+	switch l {
+	case LevelAmber:
+		return "amber"
+	case LevelBusy:
+		return "busy"
+	case LevelHard:
+		return "hard"
+	}
+	return "free"
+}
+
+// Fractions place the amber and hard levels relative to the thresholds
+// (contract §15): a check holds at amber when its value is strictly above
+// Shed × its threshold, and at hard when strictly above Critical × its
+// threshold, the decode check's level capped at the whole cache.
+type Fractions struct {
+	Shed     float64 // --shed-fraction, in (0, 1]
+	Critical float64 // --critical-fraction, ≥ 1
+}
+
+// Latch is the checks that hold at each level of a rank. With a release
+// margin it is also what the next evaluation of the rank starts from: each
+// level has its own latch (contract §12, §15).
+type Latch struct {
+	Amber, Busy, Hard Checks
+}
+
+// Level is the rank's level. Busy is §5; hard counts only on a busy rank and
+// a busy rank is at least amber, so the levels stay nested whatever the
+// fractions and latches.
+func (l Latch) Level() Level {
+	switch {
+	case l.Busy != 0 && l.Hard != 0:
+		return LevelHard
+	case l.Busy != 0:
+		return LevelBusy
+	case l.Amber != 0:
+		return LevelAmber
+	}
+	return LevelFree
+}
+
+// IsZero reports whether no check holds at any level.
+func (l Latch) IsZero() bool { return l == Latch{} }
+
+// RankLevel applies the graded rules of contract §15 without hysteresis to
+// one rank.
+func RankLevel(t events.Thresholds, l RankLoad, f Fractions) Level {
+	return RankLevels(t, l, f, 0, Latch{}).Level()
+}
+
+// RankLevels applies the rules of every level to one rank, each with its own
+// hysteresis (contract §12, §15): amber is RankChecks at f.Shed of the
+// thresholds, busy is RankChecks, hard is RankChecks at f.Critical of the
+// thresholds with the decode level capped at the whole cache. A latched
+// check of a level holds until its value is at or below (1 − margin) × that
+// level. Arithmetic in float64, left to right, as the contract writes it:
+//
+//	amber: blocks > f × threshold × total
+//	       prefill > f × tokens threshold
+//	       prefill > trunc(f × frac × max_num_batched_tokens)
+//	hard:  blocks > min(c × threshold, 1) × total
+//	       prefill > c × tokens threshold
+//	       prefill > trunc(c × frac × max_num_batched_tokens)
+//
+// and, latched, (1 − margin) × the same product, e.g.
+// blocks ≤ (1 − m) × f × threshold × total releases an amber decode check.
+func RankLevels(t events.Thresholds, l RankLoad, f Fractions, margin float64, latched Latch) Latch {
+	return Latch{
+		Amber: levelChecks(t, l, f.Shed, false, margin, latched.Amber),
+		Busy:  RankChecks(t, l, margin, latched.Busy),
+		Hard:  levelChecks(t, l, f.Critical, true, margin, latched.Hard),
+	}
+}
+
+// levelChecks is RankChecks with every threshold scaled by frac, the decode
+// level capped at the whole cache when capDecode (the hard level).
+func levelChecks(t events.Thresholds, l RankLoad, frac float64, capDecode bool, margin float64, latched Checks) Checks {
+	release := 1 - margin
+	var c Checks
+	if t.ActiveDecodeBlocks != nil && l.KVTotalBlocks > 0 {
+		total := float64(l.KVTotalBlocks)
+		var level float64
+		switch latch := latched&CheckDecode != 0; {
+		case capDecode && latch:
+			level = release * math.Min(frac**t.ActiveDecodeBlocks, 1) * total
+		case capDecode:
+			level = math.Min(frac**t.ActiveDecodeBlocks, 1) * total
+		case latch:
+			level = release * frac * *t.ActiveDecodeBlocks * total
+		default:
+			level = frac * *t.ActiveDecodeBlocks * total
+		}
+		if float64(l.ActiveDecodeBlocks) > level {
+			c |= CheckDecode
+		}
+	}
+	if t.ActivePrefillTokens != nil {
+		level := frac * float64(*t.ActivePrefillTokens)
+		if latched&CheckPrefill != 0 {
+			level = release * frac * float64(*t.ActivePrefillTokens)
+		}
+		if float64(l.ActivePrefillTokens) > level {
+			c |= CheckPrefill
+		}
+	}
+	if t.ActivePrefillTokensFrac != nil {
+		capacity := l.MaxNumBatchedTokens
+		if capacity == 0 {
+			capacity = events.DefaultMaxNumBatchedTokens
+		}
+		level := math.Trunc(frac * *t.ActivePrefillTokensFrac * float64(capacity))
+		if latched&CheckPrefillFrac != 0 {
+			level = math.Trunc(release * frac * *t.ActivePrefillTokensFrac * float64(capacity))
+		}
+		if float64(l.ActivePrefillTokens) > level {
+			c |= CheckPrefillFrac
+		}
+	}
+	return c
 }
 
 // Class is a worker's place in a record.

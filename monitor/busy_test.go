@@ -141,7 +141,7 @@ func TestClassify(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var sc scratch
-			c, r := classify(th, tt.sources, freshAfter, &sc)
+			c, r, _ := classify(th, Fractions{Shed: DefaultShedFraction, Critical: DefaultCriticalFraction}, &worker{sources: tt.sources}, 0, freshAfter, &sc)
 			if c != tt.wantClass || r != tt.wantReason {
 				t.Fatalf("classify = %v %q, want %v %q", c, r, tt.wantClass, tt.wantReason)
 			}
@@ -166,5 +166,278 @@ func TestUnionSize(t *testing.T) {
 		if got := unionSize(tt.spans); got != tt.want {
 			t.Errorf("unionSize(%v) = %d, want %d", tt.spans, got, tt.want)
 		}
+	}
+}
+
+// TestRankChecksHysteresis: with a release margin, becoming busy is §5
+// unchanged, and a latched check lets go only at or below its release level
+// (1 − m) × threshold, evaluated left to right in float64.
+func TestRankChecksHysteresis(t *testing.T) {
+	t.Parallel()
+	kv := events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8)}
+	pf := events.Thresholds{ActivePrefillTokens: events.Ptr[uint64](1000)}
+	frac := events.Thresholds{ActivePrefillTokensFrac: events.Ptr(0.5)}
+	both := events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8), ActivePrefillTokens: events.Ptr[uint64](1000)}
+	tests := []struct {
+		name    string
+		t       events.Thresholds
+		l       RankLoad
+		margin  float64
+		latched Checks
+		want    Checks
+	}{
+		// Not latched: exactly §5, whatever the margin.
+		{"kv at threshold, not latched", kv, RankLoad{ActiveDecodeBlocks: 80, KVTotalBlocks: 100}, 0.1, 0, 0},
+		{"kv above, not latched", kv, RankLoad{ActiveDecodeBlocks: 81, KVTotalBlocks: 100}, 0.1, 0, CheckDecode},
+		{"kv between release and threshold, not latched", kv, RankLoad{ActiveDecodeBlocks: 75, KVTotalBlocks: 100}, 0.1, 0, 0},
+		// Latched: held until at or below (1 − 0.1) × 0.8 × 100 = 72.
+		{"kv latched, at threshold", kv, RankLoad{ActiveDecodeBlocks: 80, KVTotalBlocks: 100}, 0.1, CheckDecode, CheckDecode},
+		{"kv latched, one above release", kv, RankLoad{ActiveDecodeBlocks: 73, KVTotalBlocks: 100}, 0.1, CheckDecode, CheckDecode},
+		{"kv latched, at release", kv, RankLoad{ActiveDecodeBlocks: 72, KVTotalBlocks: 100}, 0.1, CheckDecode, 0},
+		{"kv latched, margin 0 is §5", kv, RankLoad{ActiveDecodeBlocks: 80, KVTotalBlocks: 100}, 0, CheckDecode, 0},
+		{"kv latched, total unknown", kv, RankLoad{ActiveDecodeBlocks: 80}, 0.1, CheckDecode, 0},
+		// Prefill tokens: release 0.9 × 1000 = 900.
+		{"prefill latched, 901", pf, RankLoad{ActivePrefillTokens: 901}, 0.1, CheckPrefill, CheckPrefill},
+		{"prefill latched, 900", pf, RankLoad{ActivePrefillTokens: 900}, 0.1, CheckPrefill, 0},
+		{"prefill not latched, 950", pf, RankLoad{ActivePrefillTokens: 950}, 0.1, 0, 0},
+		// Fraction: release trunc(0.9 × 0.5 × 8192) = trunc(3686.4) = 3686.
+		{"frac latched, 3687", frac, RankLoad{ActivePrefillTokens: 3687, MaxNumBatchedTokens: 8192}, 0.1, CheckPrefillFrac, CheckPrefillFrac},
+		{"frac latched, 3686", frac, RankLoad{ActivePrefillTokens: 3686, MaxNumBatchedTokens: 8192}, 0.1, CheckPrefillFrac, 0},
+		{"frac not latched, 4000", frac, RankLoad{ActivePrefillTokens: 4000, MaxNumBatchedTokens: 8192}, 0.1, 0, 0},
+		// Each check has its own latch: a latched kv does not hold prefill.
+		{"kv latched, prefill between", both, RankLoad{ActiveDecodeBlocks: 75, KVTotalBlocks: 100, ActivePrefillTokens: 950}, 0.1, CheckDecode, CheckDecode},
+		{"kv released, prefill between not latched", both, RankLoad{ActiveDecodeBlocks: 70, KVTotalBlocks: 100, ActivePrefillTokens: 950}, 0.1, CheckDecode, 0},
+		{"both latched, only prefill holds", both, RankLoad{ActiveDecodeBlocks: 70, KVTotalBlocks: 100, ActivePrefillTokens: 950}, 0.1, CheckDecode | CheckPrefill, CheckPrefill},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := RankChecks(tt.t, tt.l, tt.margin, tt.latched); got != tt.want {
+				t.Fatalf("RankChecks = %03b, want %03b", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestLatchOf(t *testing.T) {
+	t.Parallel()
+	for reason, want := range map[string]Checks{
+		"kv": CheckDecode, "prefill": CheckPrefill | CheckPrefillFrac, "kv+prefill": CheckDecode | CheckPrefill | CheckPrefillFrac,
+		"cordoned": 0, "": 0, "bogus": 0,
+	} {
+		if got := latchOf(reason); got != want {
+			t.Errorf("latchOf(%q) = %03b, want %03b", reason, got, want)
+		}
+	}
+}
+
+// TestRankLevel: the graded levels of contract §15 at every boundary, with
+// the default fractions (amber 0.8, hard 1.1) unless a case says otherwise.
+// Strictly greater, float64, left to right as the contract writes it.
+func TestRankLevel(t *testing.T) {
+	t.Parallel()
+	kv := func(v float64) events.Thresholds { return events.Thresholds{ActiveDecodeBlocks: &v} }
+	pf := func(v uint64) events.Thresholds { return events.Thresholds{ActivePrefillTokens: &v} }
+	frac := func(v float64) events.Thresholds { return events.Thresholds{ActivePrefillTokensFrac: &v} }
+	def := Fractions{Shed: DefaultShedFraction, Critical: DefaultCriticalFraction}
+	blocks := func(n uint64) RankLoad { return RankLoad{ActiveDecodeBlocks: n, KVTotalBlocks: 100} }
+	tests := []struct {
+		name string
+		t    events.Thresholds
+		f    Fractions
+		l    RankLoad
+		want Level
+	}{
+		// No threshold set: every level is off.
+		{"none set, huge load", events.Thresholds{}, def, RankLoad{1e9, 1, 1e9, 1}, LevelFree},
+		{"kv unset, prefill set, decode full", pf(1000), def, RankLoad{ActiveDecodeBlocks: 100, KVTotalBlocks: 100, ActivePrefillTokens: 10}, LevelFree},
+		// Decode 0.8 of 100 blocks: amber above 0.8 × 0.8 × 100 = 64.00000000000001,
+		// busy above 80, hard above min(1.1 × 0.8, 1) × 100 = 88.00000000000001.
+		{"kv idle", kv(0.8), def, blocks(0), LevelFree},
+		{"kv at amber", kv(0.8), def, blocks(64), LevelFree},
+		{"kv above amber", kv(0.8), def, blocks(65), LevelAmber},
+		{"kv at busy", kv(0.8), def, blocks(80), LevelAmber},
+		{"kv above busy", kv(0.8), def, blocks(81), LevelBusy},
+		{"kv at hard", kv(0.8), def, blocks(88), LevelBusy},
+		{"kv above hard", kv(0.8), def, blocks(89), LevelHard},
+		{"kv total unknown", kv(0.8), def, RankLoad{ActiveDecodeBlocks: 1000}, LevelFree},
+		// Left to right: 0.7 × 0.1 × 100 = 6.999999999999999, so 7 blocks are
+		// amber (0.7 × (0.1 × 100) would be 7, and 7 would not be).
+		{"kv float64 left to right", kv(0.1), Fractions{Shed: 0.7, Critical: 1.1}, blocks(7), LevelAmber},
+		{"kv float64 left to right, below", kv(0.1), Fractions{Shed: 0.7, Critical: 1.1}, blocks(6), LevelFree},
+		// The decode check of hard is capped at the whole cache: with 0.95,
+		// min(1.1 × 0.95, 1) × 100 = 100, not 104.5.
+		{"kv cap, full cache", kv(0.95), def, blocks(100), LevelBusy},
+		{"kv cap, over full", kv(0.95), def, blocks(101), LevelHard},
+		{"kv threshold 1, full is not hard", kv(1), def, blocks(100), LevelAmber},
+		{"kv threshold 1, over full", kv(1), def, blocks(101), LevelHard},
+		{"kv threshold 0, one block", kv(0), def, blocks(1), LevelHard},
+		{"kv threshold 0, idle", kv(0), def, blocks(0), LevelFree},
+		// Prefill tokens 1000: amber above 800, busy above 1000, hard above 1100.
+		{"prefill at amber", pf(1000), def, RankLoad{ActivePrefillTokens: 800}, LevelFree},
+		{"prefill above amber", pf(1000), def, RankLoad{ActivePrefillTokens: 801}, LevelAmber},
+		{"prefill at busy", pf(1000), def, RankLoad{ActivePrefillTokens: 1000}, LevelAmber},
+		{"prefill above busy", pf(1000), def, RankLoad{ActivePrefillTokens: 1001}, LevelBusy},
+		{"prefill at hard", pf(1000), def, RankLoad{ActivePrefillTokens: 1100}, LevelBusy},
+		{"prefill above hard", pf(1000), def, RankLoad{ActivePrefillTokens: 1101}, LevelHard},
+		{"prefill threshold 0, one token", pf(0), def, RankLoad{ActivePrefillTokens: 1}, LevelHard},
+		// Fraction 0.5 of 8192: amber above trunc(3276.8) = 3276, busy above
+		// 4096, hard above trunc(4505.6) = 4505.
+		{"frac at amber", frac(0.5), def, RankLoad{ActivePrefillTokens: 3276, MaxNumBatchedTokens: 8192}, LevelFree},
+		{"frac above amber", frac(0.5), def, RankLoad{ActivePrefillTokens: 3277, MaxNumBatchedTokens: 8192}, LevelAmber},
+		{"frac at busy", frac(0.5), def, RankLoad{ActivePrefillTokens: 4096, MaxNumBatchedTokens: 8192}, LevelAmber},
+		{"frac above busy", frac(0.5), def, RankLoad{ActivePrefillTokens: 4097, MaxNumBatchedTokens: 8192}, LevelBusy},
+		{"frac at hard", frac(0.5), def, RankLoad{ActivePrefillTokens: 4505, MaxNumBatchedTokens: 8192}, LevelBusy},
+		{"frac above hard", frac(0.5), def, RankLoad{ActivePrefillTokens: 4506, MaxNumBatchedTokens: 8192}, LevelHard},
+		// Unknown capacity counts as 10,000,000: amber above 4,000,000, hard above 5,500,000.
+		{"frac unknown capacity at amber", frac(0.5), def, RankLoad{ActivePrefillTokens: 4_000_000}, LevelFree},
+		{"frac unknown capacity above amber", frac(0.5), def, RankLoad{ActivePrefillTokens: 4_000_001}, LevelAmber},
+		{"frac unknown capacity at hard", frac(0.5), def, RankLoad{ActivePrefillTokens: 5_500_000}, LevelBusy},
+		{"frac unknown capacity above hard", frac(0.5), def, RankLoad{ActivePrefillTokens: 5_500_001}, LevelHard},
+		// Any check counts at each level: kv amber and prefill hard is hard.
+		{"checks combine", events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8), ActivePrefillTokens: events.Ptr[uint64](1000)}, def,
+			RankLoad{ActiveDecodeBlocks: 70, KVTotalBlocks: 100, ActivePrefillTokens: 1200}, LevelHard},
+		// Fractions at their bounds: 1 puts amber (or hard) on the busy line.
+		{"shed 1: amber is busy", kv(0.8), Fractions{Shed: 1, Critical: 1.1}, blocks(80), LevelFree},
+		{"shed 1: above busy", kv(0.8), Fractions{Shed: 1, Critical: 1.1}, blocks(81), LevelBusy},
+		{"critical 1: busy is hard", kv(0.8), Fractions{Shed: 0.8, Critical: 1}, blocks(81), LevelHard},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := RankLevel(tt.t, tt.l, tt.f); got != tt.want {
+				t.Fatalf("RankLevel = %v, want %v", got, tt.want)
+			}
+			// Busy is §5 whatever the fractions.
+			if busy := RankBusy(tt.t, tt.l) != 0; busy != (RankLevel(tt.t, tt.l, tt.f) >= LevelBusy) {
+				t.Fatalf("RankBusy = %v, level %v", busy, RankLevel(tt.t, tt.l, tt.f))
+			}
+		})
+	}
+}
+
+// TestRankLevelsHysteresis: each level has its own latch with the same
+// margin: a latched level lets go only at or below (1 − m) × that level,
+// left to right in float64; an unlatched one is the rule unchanged.
+func TestRankLevelsHysteresis(t *testing.T) {
+	t.Parallel()
+	kv := events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8)}
+	kv95 := events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.95)}
+	pf := events.Thresholds{ActivePrefillTokens: events.Ptr[uint64](1000)}
+	frac := events.Thresholds{ActivePrefillTokensFrac: events.Ptr(0.5)}
+	def := Fractions{Shed: DefaultShedFraction, Critical: DefaultCriticalFraction}
+	blocks := func(n uint64) RankLoad { return RankLoad{ActiveDecodeBlocks: n, KVTotalBlocks: 100} }
+	amber := Latch{Amber: CheckDecode}
+	hard := Latch{Amber: CheckDecode, Busy: CheckDecode, Hard: CheckDecode}
+	tests := []struct {
+		name    string
+		t       events.Thresholds
+		l       RankLoad
+		latched Latch
+		want    Latch
+	}{
+		// Amber: on above 64.00000000000001; latched, off at or below
+		// 0.9 × 0.8 × 0.8 × 100 = 57.60000000000001.
+		{"amber, not latched, 60", kv, blocks(60), Latch{}, Latch{}},
+		{"amber latched, 58", kv, blocks(58), amber, amber},
+		{"amber latched, 57", kv, blocks(57), amber, Latch{}},
+		// Hard: on above 88.00000000000001; latched, off at or below
+		// 0.9 × min(1.1 × 0.8, 1) × 100 = 79.20000000000002 (busy's own
+		// release level is 72).
+		{"hard latched, 80", kv, blocks(80), hard, hard},
+		{"hard latched, 79", kv, blocks(79), hard, Latch{Amber: CheckDecode, Busy: CheckDecode}},
+		{"hard not latched, 85", kv, blocks(85), Latch{Amber: CheckDecode, Busy: CheckDecode}, Latch{Amber: CheckDecode, Busy: CheckDecode}},
+		// The capped hard level releases at 0.9 × 1 × 100 = 90.
+		{"hard cap latched, 91", kv95, blocks(91), hard, hard},
+		{"hard cap latched, 90", kv95, blocks(90), hard, Latch{Amber: CheckDecode, Busy: CheckDecode}},
+		// Prefill tokens: amber releases at 0.9 × 0.8 × 1000 = 720.0000000000001,
+		// hard at 0.9 × 1.1 × 1000 = 990.0000000000001.
+		{"prefill amber latched, 721", pf, RankLoad{ActivePrefillTokens: 721}, Latch{Amber: CheckPrefill}, Latch{Amber: CheckPrefill}},
+		{"prefill amber latched, 720", pf, RankLoad{ActivePrefillTokens: 720}, Latch{Amber: CheckPrefill}, Latch{}},
+		{"prefill hard latched, 991", pf, RankLoad{ActivePrefillTokens: 991}, Latch{Amber: CheckPrefill, Busy: CheckPrefill, Hard: CheckPrefill},
+			Latch{Amber: CheckPrefill, Busy: CheckPrefill, Hard: CheckPrefill}},
+		{"prefill hard latched, 990", pf, RankLoad{ActivePrefillTokens: 990}, Latch{Amber: CheckPrefill, Busy: CheckPrefill, Hard: CheckPrefill},
+			Latch{Amber: CheckPrefill, Busy: CheckPrefill}},
+		// Fraction: amber releases at trunc(0.9 × 0.8 × 0.5 × 8192) = 2949,
+		// hard at trunc(0.9 × 1.1 × 0.5 × 8192) = 4055.
+		{"frac amber latched, 2950", frac, RankLoad{ActivePrefillTokens: 2950, MaxNumBatchedTokens: 8192}, Latch{Amber: CheckPrefillFrac}, Latch{Amber: CheckPrefillFrac}},
+		{"frac amber latched, 2949", frac, RankLoad{ActivePrefillTokens: 2949, MaxNumBatchedTokens: 8192}, Latch{Amber: CheckPrefillFrac}, Latch{}},
+		{"frac hard latched, 4056", frac, RankLoad{ActivePrefillTokens: 4056, MaxNumBatchedTokens: 8192}, Latch{Busy: CheckPrefillFrac, Hard: CheckPrefillFrac},
+			Latch{Amber: CheckPrefillFrac, Busy: CheckPrefillFrac, Hard: CheckPrefillFrac}},
+		{"frac hard latched, 4055", frac, RankLoad{ActivePrefillTokens: 4055, MaxNumBatchedTokens: 8192}, Latch{Busy: CheckPrefillFrac, Hard: CheckPrefillFrac},
+			Latch{Amber: CheckPrefillFrac, Busy: CheckPrefillFrac}},
+		{"frac busy released, 3686", frac, RankLoad{ActivePrefillTokens: 3686, MaxNumBatchedTokens: 8192}, Latch{Busy: CheckPrefillFrac, Hard: CheckPrefillFrac},
+			Latch{Amber: CheckPrefillFrac}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := RankLevels(tt.t, tt.l, def, 0.1, tt.latched); got != tt.want {
+				t.Fatalf("RankLevels = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestLatchLevel(t *testing.T) {
+	t.Parallel()
+	for l, want := range map[Latch]Level{
+		{}:                           LevelFree,
+		{Amber: CheckDecode}:         LevelAmber,
+		{Busy: CheckDecode}:          LevelBusy, // busy is at least amber
+		{Hard: CheckDecode}:          LevelFree, // hard counts only on a busy rank
+		{Amber: 1, Busy: 1}:          LevelBusy,
+		{Busy: 1, Hard: 1}:           LevelHard,
+		{Amber: 1, Hard: 1}:          LevelAmber,
+		{Amber: 7, Busy: 7, Hard: 7}: LevelHard,
+	} {
+		if got := l.Level(); got != want {
+			t.Errorf("%+v.Level() = %v, want %v", l, got, want)
+		}
+	}
+	for l, want := range map[Level]string{LevelFree: "free", LevelAmber: "amber", LevelBusy: "busy", LevelHard: "hard"} {
+		if got := l.String(); got != want {
+			t.Errorf("String = %q, want %q", got, want)
+		}
+	}
+}
+
+// TestClassifyLevels: a worker is at the lowest level of its declared ranks,
+// a declared rank with no fresh state counting as free (contract §15).
+func TestClassifyLevels(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1000, 0)
+	fresh := now
+	freshAfter := now.Add(-10 * time.Second)
+	th := events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8)}
+	def := Fractions{Shed: DefaultShedFraction, Critical: DefaultCriticalFraction}
+	free, amber, busy, hard := [4]int64{10, 100, -1, -1}, [4]int64{70, 100, -1, -1}, [4]int64{85, 100, -1, -1}, [4]int64{95, 100, -1, -1}
+	tests := []struct {
+		name      string
+		ranks     map[uint32][4]int64
+		size      uint32
+		wantClass Class
+		wantLevel Level
+	}{
+		{"one rank free", map[uint32][4]int64{0: free}, 1, ClassFree, LevelFree},
+		{"one rank amber", map[uint32][4]int64{0: amber}, 1, ClassFree, LevelAmber},
+		{"one rank busy", map[uint32][4]int64{0: busy}, 1, ClassBusy, LevelBusy},
+		{"one rank hard", map[uint32][4]int64{0: hard}, 1, ClassBusy, LevelHard},
+		{"hard and amber: amber", map[uint32][4]int64{0: hard, 1: amber}, 2, ClassFree, LevelAmber},
+		{"hard and busy: busy", map[uint32][4]int64{0: hard, 1: busy}, 2, ClassBusy, LevelBusy},
+		{"hard and hard: hard", map[uint32][4]int64{0: hard, 1: hard}, 2, ClassBusy, LevelHard},
+		{"busy and free: free", map[uint32][4]int64{0: busy, 1: free}, 2, ClassFree, LevelFree},
+		{"hard, second rank unobserved: free", map[uint32][4]int64{0: hard}, 2, ClassFree, LevelFree},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var sc scratch
+			w := &worker{sources: map[string]*sourceState{"engine": src(0, tt.size, fresh, tt.ranks)}}
+			c, _, l := classify(th, def, w, 0, freshAfter, &sc)
+			if c != tt.wantClass || l != tt.wantLevel {
+				t.Fatalf("classify = %v %v, want %v %v", c, l, tt.wantClass, tt.wantLevel)
+			}
+		})
 	}
 }

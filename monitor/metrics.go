@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/workermon/workermon/internal/promreg"
 )
 
 // metrics are the monitor's Prometheus collectors.
@@ -12,6 +14,7 @@ type metrics struct {
 	acceptedLoad, acceptedBye prometheus.Counter
 	rejected                  *prometheus.CounterVec
 	workers                   *prometheus.GaugeVec
+	allBusyChanges            *prometheus.CounterVec
 	models                    prometheus.Gauge
 	recompute                 prometheus.Histogram
 	lag                       prometheus.Histogram
@@ -27,9 +30,13 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 			Name: "workermon_reports_rejected_total",
 			Help: "Messages rejected, by reason (malformed, wrong_type, mismatch, duplicate, too_many_workers, ...).",
 		}, []string{"reason"}),
+		allBusyChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "workermon_all_busy_changes_total",
+			Help: "Times a model's record turned all_busy on or off: its flap rate (see --release-margin).",
+		}, []string{"model"}),
 		workers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "workermon_workers",
-			Help: "Workers of each model by state (busy, free, stale).",
+			Help: "Workers of each model by state (busy, free, stale; amber counts free workers at amber level, hard busy workers at hard level).",
 		}, []string{"model", "state"}),
 		models: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "workermon_models",
@@ -37,7 +44,7 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 		}),
 		recompute: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "workermon_recompute_seconds",
-			Help:    "Time to decode, apply and recompute one message.",
+			Help:    "Time to decode, apply and recompute one message (the mean over the batch it was applied in).",
 			Buckets: prometheus.ExponentialBuckets(250e-9, 4, 10),
 		}),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -47,19 +54,12 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 		}),
 	}
 	m.acceptedLoad, m.acceptedBye = m.accepted.WithLabelValues("load"), m.accepted.WithLabelValues("goodbye")
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{
-		m.accepted, m.rejected, m.workers, m.models, m.recompute, m.lag,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "workermon_queue_length",
-			Help: "Messages waiting for the monitor loop.",
-		}, queueLen),
-	} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("monitor: register metrics: %w", err)
-		}
+	queue := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "workermon_queue_length",
+		Help: "Messages waiting for the monitor loop.",
+	}, queueLen)
+	if err := promreg.All(reg, m.accepted, m.rejected, m.workers, m.allBusyChanges, m.models, m.recompute, m.lag, queue); err != nil {
+		return nil, fmt.Errorf("monitor: %w", err)
 	}
 	return m, nil
 }
@@ -68,8 +68,11 @@ func (m *metrics) setWorkers(md *model) {
 	m.workers.WithLabelValues(md.name, "busy").Set(float64(len(md.busy)))
 	m.workers.WithLabelValues(md.name, "free").Set(float64(len(md.free)))
 	m.workers.WithLabelValues(md.name, "stale").Set(float64(len(md.stale)))
+	m.workers.WithLabelValues(md.name, "amber").Set(float64(len(md.amber)))
+	m.workers.WithLabelValues(md.name, "hard").Set(float64(len(md.hard)))
 }
 
 func (m *metrics) forgetModel(name string) {
 	m.workers.DeletePartialMatch(prometheus.Labels{"model": name})
+	m.allBusyChanges.DeletePartialMatch(prometheus.Labels{"model": name})
 }

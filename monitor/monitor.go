@@ -2,7 +2,8 @@
 // applies the busy rules, and hands each model's busy set to a Sink whenever
 // it changes. One goroutine, Run, owns all state; messages and commands reach
 // it over channels. The package does not import NATS: the caller subscribes
-// and calls Submit, and a busylist.Writer is the usual Sink.
+// and hands the loop its subscriptions' channel (RunFrom) or calls Submit,
+// and a busylist.Writer is the usual Sink.
 package monitor
 
 import (
@@ -10,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -36,6 +39,13 @@ const (
 	// DefaultQueueSize is the number of messages buffered between Submit and
 	// the loop; Submit blocks when it is full.
 	DefaultQueueSize = 8192
+	// DefaultShedFraction places the amber level (contract §15): a check
+	// holds at amber above this fraction of its threshold.
+	DefaultShedFraction = 0.8
+	// DefaultCriticalFraction places the hard level (contract §15): a check
+	// holds at hard above this fraction of its threshold, the decode check
+	// capped at the whole cache.
+	DefaultCriticalFraction = 1.1
 	// maxBatch is how many queued messages the loop applies before it hands
 	// the changed records to the Sink.
 	maxBatch = 256
@@ -61,7 +71,19 @@ type Config struct {
 	MaxSourcesPerWorker int
 	MaxRanksPerWorker   int
 	QueueSize           int
-	Logger              *slog.Logger
+	// ReleaseMargin m in [0, 1) is the hysteresis of the busy rules
+	// (contract §12): a busy rank becomes free only when every check that
+	// made it busy is at or below (1 − m) × its threshold. 0: exactly §5.
+	ReleaseMargin float64
+	// ShedFraction f in (0, 1] places the amber level of priority classes
+	// (contract §15): a rank is amber when a check holds at f × its
+	// threshold. 1 puts amber at busy: no worker is listed amber.
+	ShedFraction float64
+	// CriticalFraction c, finite and ≥ 1, places the hard level: a busy rank is
+	// hard when a check holds at c × its threshold, the decode check capped
+	// at the whole cache. 1 puts hard at busy: every busy worker is hard.
+	CriticalFraction float64
+	Logger           *slog.Logger
 	// Registerer receives the monitor's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 }
@@ -77,7 +99,14 @@ func DefaultConfig() Config {
 		MaxSourcesPerWorker: DefaultMaxSourcesPerWorker,
 		MaxRanksPerWorker:   DefaultMaxRanksPerWorker,
 		QueueSize:           DefaultQueueSize,
+		ShedFraction:        DefaultShedFraction,
+		CriticalFraction:    DefaultCriticalFraction,
 	}
+}
+
+// fractions returns the levels' fractions of the thresholds.
+func (c Config) fractions() Fractions {
+	return Fractions{Shed: c.ShedFraction, Critical: c.CriticalFraction}
 }
 
 // Validate reports every problem of the configuration at once.
@@ -94,6 +123,15 @@ func (c Config) Validate() error {
 	}
 	if c.GoneAfter < c.StaleAfter {
 		errs = append(errs, fmt.Errorf("gone-after %v must be at least stale-after %v", c.GoneAfter, c.StaleAfter))
+	}
+	if !(c.ReleaseMargin >= 0 && c.ReleaseMargin < 1) {
+		errs = append(errs, fmt.Errorf("release-margin %v must be in [0, 1)", c.ReleaseMargin))
+	}
+	if !(c.ShedFraction > 0 && c.ShedFraction <= 1) {
+		errs = append(errs, fmt.Errorf("shed-fraction %v must be in (0, 1]", c.ShedFraction))
+	}
+	if !(c.CriticalFraction >= 1 && !math.IsInf(c.CriticalFraction, 1)) {
+		errs = append(errs, fmt.Errorf("critical-fraction %v must be a finite number ≥ 1", c.CriticalFraction))
 	}
 	for _, l := range []struct {
 		name string
@@ -114,9 +152,13 @@ func (c Config) Validate() error {
 }
 
 // message is a NATS message on its way to the loop.
+// message is one received message, decoded and checked by Submit.
 type message struct {
-	subject string
-	data    []byte
+	subject string // as received, for the reject log
+	kind    events.Kind
+	report  events.LoadReport // kind KindLoad or KindEst
+	bye     events.Goodbye    // kind KindBye or KindEstBye
+	err     error             // parse, decode or check error: rejected
 }
 
 // Monitor is the busy-set engine. Create it with New, run it with Run.
@@ -126,9 +168,16 @@ type Monitor struct {
 	metrics *metrics
 	sink    Sink
 	in      chan message
-	cmds    chan func(*state)
+	cmds    chan command
 	done    chan struct{} // closed when Run returns
+	kick    chan struct{} // capacity 1: a PendingSink took its records
 	started atomic.Bool
+	// sourceLen is the length of RunFrom's source channel, for the queue
+	// gauge; nil before RunFrom.
+	sourceLen atomic.Pointer[func() int]
+	// decoders are the events.Decoders of Submit's callers, one per caller
+	// at a time (a decoder interns the names it reads).
+	decoders sync.Pool
 }
 
 // New returns a Monitor that reports to sink.
@@ -144,27 +193,52 @@ func New(cfg Config, sink Sink) (*Monitor, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	m := &Monitor{
-		cfg:  cfg,
-		log:  log,
-		sink: sink,
-		in:   make(chan message, cfg.QueueSize),
-		cmds: make(chan func(*state)),
-		done: make(chan struct{}),
+		cfg:      cfg,
+		log:      log,
+		sink:     sink,
+		in:       make(chan message, cfg.QueueSize),
+		cmds:     make(chan command),
+		done:     make(chan struct{}),
+		kick:     make(chan struct{}, 1),
+		decoders: sync.Pool{New: func() any { return events.NewDecoder() }},
 	}
 	var err error
-	if m.metrics, err = newMetrics(cfg.Registerer, func() float64 { return float64(len(m.in)) }); err != nil {
+	if m.metrics, err = newMetrics(cfg.Registerer, m.queued); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
-// Submit queues a message received on subject for the loop. It blocks while
-// the queue is full, so that NATS's own buffering applies back-pressure, and
-// drops the message once the monitor has stopped. data must not be modified
-// afterwards.
-func (m *Monitor) Submit(subject string, data []byte) {
+// queued is the number of messages waiting for the loop.
+func (m *Monitor) queued() float64 {
+	n := len(m.in)
+	if l := m.sourceLen.Load(); l != nil {
+		n += (*l)()
+	}
+	return float64(n)
+}
+
+// Kick tells the monitor that its PendingSink has taken its pending
+// records: the records it deferred are built and handed over. It never
+// blocks and is safe for concurrent use.
+func (m *Monitor) Kick() {
 	select {
-	case m.in <- message{subject, data}:
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Submit decodes and checks a message received on subject, in the
+// caller's goroutine (a NATS subscription's), and queues it for the loop,
+// which only applies it. It blocks while the queue is full, so that NATS's
+// own buffering applies back-pressure, and drops the message once the
+// monitor has stopped. data is not kept. Safe for concurrent use.
+func (m *Monitor) Submit(subject string, data []byte) {
+	dec := m.decoders.Get().(*events.Decoder)
+	msg := decodeMessage(m.cfg.SubjectPrefix, dec, subject, data)
+	m.decoders.Put(dec)
+	select {
+	case m.in <- msg:
 	case <-m.done:
 	}
 }
@@ -189,11 +263,30 @@ func (m *Monitor) Seed(ctx context.Context, records []events.BusySet) error {
 	return m.do(ctx, func(s *state) { s.seed(records, time.Now()) })
 }
 
-// do runs fn on the loop goroutine and waits for it.
+// SetCordon cordons (on) or uncordons a worker of a model (contract §12):
+// while cordoned and fresh it is listed busy with reason "cordoned", never
+// free. The worker need not be known yet. The model's record is recomputed
+// at once.
+func (m *Monitor) SetCordon(ctx context.Context, model string, worker uint64, on bool) error {
+	if err := events.ValidateModel(model); err != nil {
+		return fmt.Errorf("monitor: cordon: %w", err)
+	}
+	return m.do(ctx, func(s *state) { s.setCordon(model, worker, on, time.Now()) })
+}
+
+// command is fn to run on the loop; done is closed once it ran and the
+// records it changed reached the Sink.
+type command struct {
+	fn   func(*state)
+	done chan struct{}
+}
+
+// do runs fn on the loop goroutine and waits until it ran and the records
+// it changed were handed to the Sink.
 func (m *Monitor) do(ctx context.Context, fn func(*state)) error {
 	ran := make(chan struct{})
 	select {
-	case m.cmds <- func(s *state) { fn(s); close(ran) }:
+	case m.cmds <- command{fn: fn, done: ran}:
 	case <-m.done:
 		return ErrStopped
 	case <-ctx.Done():
@@ -208,39 +301,7 @@ func (m *Monitor) do(ctx context.Context, fn func(*state)) error {
 }
 
 // Run owns the state until ctx ends; it returns ctx's cause. A second call
-// returns ErrRunning.
+// (of Run or RunFrom) returns ErrRunning.
 func (m *Monitor) Run(ctx context.Context) error {
-	if !m.started.CompareAndSwap(false, true) {
-		return ErrRunning
-	}
-	defer close(m.done)
-	s := newState(m.cfg, m.sink, m.metrics, m.log)
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	var armed time.Time
-	batch := 0
-	for {
-		select {
-		case <-ctx.Done():
-			s.flush()
-			return context.Cause(ctx)
-		case msg := <-m.in:
-			s.handle(msg, time.Now())
-			if batch++; batch >= maxBatch || len(m.in) == 0 {
-				s.flush()
-				batch = 0
-			}
-		case fn := <-m.cmds:
-			fn(s)
-			s.flush()
-		case <-timer.C:
-			armed = time.Time{}
-			s.expire(time.Now())
-			s.flush()
-		}
-		if next, ok := s.nextDeadline(); ok && !next.Equal(armed) {
-			armed = next
-			timer.Reset(time.Until(next))
-		}
-	}
+	return RunFrom(ctx, m, Source[struct{}]{})
 }

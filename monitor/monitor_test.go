@@ -2,9 +2,11 @@ package monitor
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -108,7 +110,11 @@ func (h *harness) send(r events.LoadReport) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	h.m.Submit(events.LoadSubject(events.DefaultSubjectPrefix, r.Model, r.WorkerID, r.DPRank), b)
+	subject := events.LoadSubject
+	if events.IsRouterSource(r.Source) {
+		subject = events.EstSubject // routers speak only on est subjects (contract §11)
+	}
+	h.m.Submit(subject(events.DefaultSubjectPrefix, r.Model, r.WorkerID, r.DPRank), b)
 	synctest.Wait()
 }
 
@@ -118,7 +124,11 @@ func (h *harness) bye(g events.Goodbye) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	h.m.Submit(events.ByeSubject(events.DefaultSubjectPrefix, g.Model, g.WorkerID), b)
+	subject := events.ByeSubject
+	if events.IsRouterSource(g.Source) {
+		subject = events.EstByeSubject
+	}
+	h.m.Submit(subject(events.DefaultSubjectPrefix, g.Model, g.WorkerID), b)
 	synctest.Wait()
 }
 
@@ -567,10 +577,10 @@ func TestLastSourceGoodbyeLeavesWorkerStaleUntilGone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := startHarness(t, nil)
 		r := h.report(4, 0, 10, 100)
-		r.Source = "router/a"
+		r.Source = "sidecar" // not the engine: its goodbye drops only its own state
 		h.send(r)
 		h.expect(nil, []uint64{4}, nil)
-		h.bye(events.Goodbye{Model: testModel, WorkerID: 4, Source: "router/a", BootID: 1, Seq: h.seq + 1, SentAt: time.Now().UnixNano()})
+		h.bye(events.Goodbye{Model: testModel, WorkerID: 4, Source: "sidecar", BootID: 1, Seq: h.seq + 1, SentAt: time.Now().UnixNano()})
 		h.expect(nil, nil, []uint64{4})
 		// Past stale-after the worker is still listed stale, not dropped early.
 		time.Sleep(DefaultStaleAfter + time.Second)
@@ -581,5 +591,301 @@ func TestLastSourceGoodbyeLeavesWorkerStaleUntilGone(t *testing.T) {
 		if _, ok := h.sink.record(testModel); ok {
 			t.Fatal("worker with nothing left was not removed after gone-after")
 		}
+	})
+}
+
+// TestCordon: a cordoned fresh worker is listed busy with reason
+// "cordoned", never free, whatever its load; a stale one stays stale; a
+// cordon may name a worker not seen yet; uncordon restores its place.
+func TestCordon(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		ctx := context.Background()
+		h.send(h.report(1, 0, 10, 100))
+		h.send(h.report(2, 0, 10, 100))
+		h.cordon(2, true)
+		rec := h.expect([]uint64{2}, []uint64{1}, nil)
+		if rec.Reasons["2"] != "cordoned" {
+			t.Fatalf("reasons = %v, want 2: cordoned", rec.Reasons)
+		}
+		// Busy by load too: still "cordoned".
+		h.send(h.report(2, 0, 90, 100))
+		if rec = h.expect([]uint64{2}, []uint64{1}, nil); rec.Reasons["2"] != "cordoned" {
+			t.Fatalf("reasons = %v", rec.Reasons)
+		}
+		// Cordoning every free worker makes the model all busy.
+		h.cordon(1, true)
+		h.expect([]uint64{1, 2}, nil, nil)
+		if n := testutil.ToFloat64(h.m.metrics.allBusyChanges.WithLabelValues(testModel)); n != 1 {
+			t.Errorf("all_busy changes = %v, want 1", n)
+		}
+		// A worker not seen yet: cordoned when it first reports.
+		h.cordon(3, true)
+		h.send(h.report(3, 0, 0, 100))
+		h.expect([]uint64{1, 2, 3}, nil, nil)
+		// Uncordon: back to what its load says.
+		for _, id := range []uint64{1, 2, 3} {
+			h.cordon(id, false)
+		}
+		rec = h.expect([]uint64{2}, []uint64{1, 3}, nil)
+		if n := testutil.ToFloat64(h.m.metrics.allBusyChanges.WithLabelValues(testModel)); n != 2 {
+			t.Errorf("all_busy changes = %v, want 2", n)
+		}
+		if rec.Reasons["2"] != "kv" {
+			t.Fatalf("reasons = %v, want 2: kv", rec.Reasons)
+		}
+		// A stale cordoned worker is stale, not busy.
+		h.cordon(1, true)
+		time.Sleep(DefaultStaleAfter + time.Second)
+		h.send(h.report(2, 0, 10, 100))
+		h.send(h.report(3, 0, 10, 100))
+		h.expect(nil, []uint64{2, 3}, []uint64{1})
+		if err := h.m.SetCordon(ctx, "\xff bad", 1, true); err == nil {
+			t.Error("cordon of an invalid model name accepted")
+		}
+	})
+}
+
+// TestReleaseMargin: with a margin a busy worker stays busy until its load
+// falls to the release level; a new monitor seeded from a record starts a
+// busy worker latched.
+func TestReleaseMargin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, func(c *Config) { c.ReleaseMargin = 0.1 })
+		h.send(h.report(1, 0, 10, 100))
+		h.send(h.report(2, 0, 75, 100)) // between release (72) and threshold (80): free
+		h.expect(nil, []uint64{1, 2}, nil)
+		h.send(h.report(2, 0, 81, 100))
+		h.expect([]uint64{2}, []uint64{1}, nil)
+		h.send(h.report(2, 0, 75, 100)) // latched
+		h.expect([]uint64{2}, []uint64{1}, nil)
+		h.send(h.report(2, 0, 73, 100))
+		h.expect([]uint64{2}, []uint64{1}, nil)
+		h.send(h.report(2, 0, 72, 100)) // at release: free
+		h.expect(nil, []uint64{1, 2}, nil)
+		h.send(h.report(2, 0, 75, 100)) // below threshold again: stays free
+		h.expect(nil, []uint64{1, 2}, nil)
+	})
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, func(c *Config) { c.ReleaseMargin = 0.1 })
+		prev := []events.BusySet{{Model: testModel, Busy: []uint64{1}, Free: []uint64{2}, Reasons: map[string]string{"1": "kv"}}}
+		if err := h.m.Seed(context.Background(), prev); err != nil {
+			t.Fatal(err)
+		}
+		h.send(h.report(1, 0, 75, 100)) // latched by the record: busy
+		h.send(h.report(2, 0, 75, 100)) // not latched: free
+		h.expect([]uint64{1}, []uint64{2}, nil)
+		h.send(h.report(1, 0, 72, 100))
+		h.expect(nil, []uint64{1, 2}, nil)
+	})
+}
+
+// cordon cordons or uncordons a worker of testModel and waits for the
+// record.
+func (h *harness) cordon(worker uint64, on bool) {
+	h.t.Helper()
+	if err := h.m.SetCordon(context.Background(), testModel, worker, on); err != nil {
+		h.t.Fatal(err)
+	}
+	synctest.Wait()
+}
+
+// TestRescheduleSnapshot: usage is the mean over fresh ranks; stale
+// workers are not fresh; free and cordoned follow the record.
+func TestRescheduleSnapshot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		r := h.report(1, 0, 10, 100)
+		r.DPSize = 2
+		h.send(r)
+		r = h.report(1, 1, 30, 100)
+		r.DPRank, r.DPSize = 1, 2
+		h.send(r)
+		h.send(h.report(2, 0, 90, 100))
+		h.send(h.report(3, 0, 50, 100))
+		h.cordon(3, true)
+		time.Sleep(DefaultStaleAfter - time.Second)
+		h.send(h.report(2, 0, 90, 100))
+		h.send(h.report(3, 0, 50, 100))
+		time.Sleep(2 * time.Second) // worker 1 goes stale
+		synctest.Wait()
+		snap, err := h.m.RescheduleSnapshot(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(snap.Models) != 1 || snap.Models[0].Name != testModel {
+			t.Fatalf("models %+v", snap.Models)
+		}
+		got := fmt.Sprintf("%+v", snap.Models[0].Workers)
+		want := "[{ID:1 Usage:0 HasUsage:false Fresh:false Free:false Cordoned:false} " +
+			"{ID:2 Usage:0.9 HasUsage:true Fresh:true Free:false Cordoned:false} " +
+			"{ID:3 Usage:0.5 HasUsage:true Fresh:true Free:false Cordoned:true}]"
+		if got != want {
+			t.Errorf("workers\n%s\nwant\n%s", got, want)
+		}
+		// Fresh again: the mean over both ranks.
+		r = h.report(1, 0, 10, 100)
+		r.DPSize = 2
+		h.send(r)
+		r = h.report(1, 1, 30, 100)
+		r.DPRank, r.DPSize = 1, 2
+		h.send(r)
+		snap, _ = h.m.RescheduleSnapshot(context.Background())
+		if w := snap.Models[0].Workers[0]; !w.Fresh || !w.Free || !w.HasUsage || w.Usage < 0.1999 || w.Usage > 0.2001 {
+			t.Errorf("worker 1 = %+v, want fresh, free, usage 0.2", w)
+		}
+	})
+}
+
+// TestRouterEstimatesCombine: a rank's load per signal is the larger of the
+// engine's value and the sum over fresh router/* sources (contract §3, §11);
+// a router's low estimate never hides the engine's high truth, a stale
+// router stops counting, and routers speak only on est subjects.
+func TestRouterEstimatesCombine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil) // prefill threshold 1000 tokens
+		prefill := func(source string, boot, tokens uint64) events.LoadReport {
+			r := h.report(1, 0, 0, 0)
+			r.ActiveDecodeBlocks, r.KVTotalBlocks = events.Optional{}, events.Optional{}
+			r.Source, r.BootID, r.ActivePrefillTokens = source, boot, events.Some(tokens)
+			return r
+		}
+		h.send(prefill(events.SourceEngine, 1, 400))
+		h.send(h.report(2, 0, 10, 100))
+		h.expect(nil, []uint64{1, 2}, nil)
+
+		// Two routers, each below the threshold, together above it.
+		h.send(prefill("router/a", 2, 600))
+		h.expect(nil, []uint64{1, 2}, nil)
+		h.send(prefill("router/b", 3, 500))
+		rec := h.expect([]uint64{1}, []uint64{2}, nil)
+		if rec.Reasons["1"] != "prefill" {
+			t.Fatalf("reasons = %v, want prefill for worker 1", rec.Reasons)
+		}
+		// The engine catches up above the routers' sum: still busy on its own.
+		h.send(prefill(events.SourceEngine, 1, 1500))
+		h.send(prefill("router/a", 2, 0))
+		h.send(prefill("router/b", 3, 0))
+		h.expect([]uint64{1}, []uint64{2}, nil)
+		h.send(prefill(events.SourceEngine, 1, 100))
+		h.expect(nil, []uint64{1, 2}, nil)
+
+		// A router's estimate on a load subject is refused, and so is an
+		// engine's report on an est subject.
+		bad := prefill("router/a", 2, 5000)
+		b, err := events.MarshalLoadReport(&bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.raw(events.LoadSubject(events.DefaultSubjectPrefix, testModel, 1, 0), b)
+		eng := prefill(events.SourceEngine, 1, 5000)
+		if b, err = events.MarshalLoadReport(&eng); err != nil {
+			t.Fatal(err)
+		}
+		h.raw(events.EstSubject(events.DefaultSubjectPrefix, testModel, 1, 0), b)
+		if got := h.rejected("source_not_allowed"); got != 2 {
+			t.Fatalf("source_not_allowed = %v, want 2", got)
+		}
+		h.expect(nil, []uint64{1, 2}, nil)
+
+		// A router goodbye drops that router's share only; a stale router
+		// stops counting.
+		h.send(prefill("router/a", 2, 700))
+		h.send(prefill("router/b", 3, 700))
+		h.expect([]uint64{1}, []uint64{2}, nil)
+		h.seq++
+		h.bye(events.Goodbye{Model: testModel, WorkerID: 1, Source: "router/a", BootID: 2, Seq: h.seq, SentAt: time.Now().UnixNano()})
+		h.expect(nil, []uint64{1, 2}, nil)
+		h.send(prefill("router/a", 4, 700))
+		h.expect([]uint64{1}, []uint64{2}, nil)
+		for range int(DefaultStaleAfter/time.Second) + 1 {
+			time.Sleep(time.Second)
+			h.send(prefill(events.SourceEngine, 1, 100))
+			h.send(h.report(2, 0, 10, 100))
+			h.send(prefill("router/b", 3, 700))
+		}
+		h.expect(nil, []uint64{1, 2}, nil) // router/a is stale: 700 alone is below
+
+		// Estimates add load, never liveness: with the engine silent, worker
+		// 1 goes stale though router/b keeps estimating it; a worker only
+		// routers speak of is in no list.
+		for range int(DefaultStaleAfter/time.Second) + 1 {
+			time.Sleep(time.Second)
+			h.send(h.report(2, 0, 10, 100))
+			h.send(prefill("router/b", 3, 700))
+			est := prefill("router/b", 3, 5000)
+			est.WorkerID = 9
+			h.send(est)
+		}
+		h.expect(nil, []uint64{2}, []uint64{1})
+		// A cordon does not list a worker only routers speak of.
+		h.cordon(9, true)
+		h.expect(nil, []uint64{2}, []uint64{1})
+	})
+}
+
+// pendingSink is a fakeSink that holds records untaken while hold is set.
+type pendingSink struct {
+	*fakeSink
+	hold atomic.Bool
+}
+
+func (p *pendingSink) Pending(string) bool { return p.hold.Load() }
+
+var _ PendingSink = (*pendingSink)(nil)
+
+// TestPendingSinkDefersBuilds: while a PendingSink still holds a model's
+// record, the monitor builds no new one for that model however many
+// reports change it; after Kick it builds one, the latest. A command does
+// not wait for the sink.
+func TestPendingSinkDefersBuilds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sink := &pendingSink{fakeSink: newFakeSink()}
+		cfg := DefaultConfig()
+		cfg.Defaults = events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8)}
+		cfg.Registerer = prometheus.NewRegistry()
+		m, err := New(cfg, sink)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = m.Run(ctx)
+		}()
+		defer func() { cancel(); <-done }()
+		h := &harness{t: t, m: m, sink: sink.fakeSink}
+		h.send(h.report(1, 0, 10, 100))
+		h.expect(nil, []uint64{1}, nil)
+		sets := func() int {
+			sink.mu.Lock()
+			defer sink.mu.Unlock()
+			return sink.sets
+		}
+		before := sets()
+
+		sink.hold.Store(true)
+		for i := range 20 {
+			h.send(h.report(1, 0, uint64(10+80*(i%2)), 100)) // flips busy, free, busy...
+		}
+		h.send(h.report(1, 0, 90, 100)) // ends busy
+		if got := sets(); got != before {
+			t.Fatalf("%d records built while the sink held the last one", got-before)
+		}
+		sink.hold.Store(false)
+		m.Kick()
+		synctest.Wait()
+		if got := sets(); got != before+1 {
+			t.Fatalf("%d records after Kick, want 1", got-before)
+		}
+		h.expect([]uint64{1}, nil, nil)
+
+		// A command hands its records over even while the sink holds.
+		sink.hold.Store(true)
+		if err := m.SetOverride(context.Background(), testModel, &events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.95)}); err != nil {
+			t.Fatal(err)
+		}
+		h.expect(nil, []uint64{1}, nil)
 	})
 }

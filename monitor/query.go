@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/resched"
 )
 
 // maxSeenModels bounds the names remembered as "seen since start" beyond
@@ -40,16 +41,22 @@ type LoadRow struct {
 	Sources             map[string]SourceLoad `json:"sources"`
 	Busy                bool                  `json:"busy"`
 	Reason              string                `json:"reason,omitempty"`
-	Stale               bool                  `json:"stale"`
-	AgeSeconds          float64               `json:"age_seconds"`
+	// Level is the rank's level of contract §15 (free, amber, busy, hard),
+	// without hysteresis; empty when the rank is stale.
+	Level      string  `json:"level,omitempty"`
+	Stale      bool    `json:"stale"`
+	AgeSeconds float64 `json:"age_seconds"`
 }
 
 // WorkerRow is one worker as the inspection API shows it.
 type WorkerRow struct {
-	Model      string   `json:"model"`
-	WorkerID   uint64   `json:"worker_id"`
-	State      string   `json:"state"` // busy, free, stale, or left (said goodbye)
-	Reason     string   `json:"reason,omitempty"`
+	Model    string `json:"model"`
+	WorkerID uint64 `json:"worker_id"`
+	State    string `json:"state"` // busy, free, stale, or left (said goodbye)
+	Reason   string `json:"reason,omitempty"`
+	// Level is the worker's level of contract §15 (free, amber, busy or
+	// hard), as in the record; empty when the worker is stale or left.
+	Level      string   `json:"level,omitempty"`
 	Sources    []string `json:"sources"`
 	Ranks      []uint32 `json:"ranks"` // ranks with state, ascending
 	AgeSeconds float64  `json:"age_seconds"`
@@ -112,6 +119,9 @@ func (m *Monitor) Workers(ctx context.Context, model string) ([]WorkerRow, error
 				w := md.workers[id]
 				row := WorkerRow{Model: md.name, WorkerID: id, State: w.class.String(), Reason: w.reason.String(),
 					Sources: append([]string{}, slices.Sorted(maps.Keys(w.sources))...), Ranks: []uint32{}}
+				if w.class == ClassFree || w.class == ClassBusy {
+					row.Level = w.level.String()
+				}
 				if w.left {
 					row.State = "left"
 					row.AgeSeconds = now.Sub(w.leftAt).Seconds()
@@ -141,14 +151,14 @@ func (m *Monitor) Loads(ctx context.Context, model string) ([]LoadRow, error) {
 		freshAfter := now.Add(-s.cfg.StaleAfter)
 		for _, md := range s.selected(model) {
 			for _, id := range slices.Sorted(maps.Keys(md.workers)) {
-				out = append(out, loadRows(md, md.workers[id], now, freshAfter)...)
+				out = append(out, loadRows(md, md.workers[id], s.cfg.fractions(), now, freshAfter)...)
 			}
 		}
 	})
 	return out, err
 }
 
-func loadRows(md *model, w *worker, now, freshAfter time.Time) []LoadRow {
+func loadRows(md *model, w *worker, f Fractions, now, freshAfter time.Time) []LoadRow {
 	rows := map[uint32]*LoadRow{}
 	aggs := map[uint32]*rankAgg{}
 	for name, src := range w.sources {
@@ -169,18 +179,19 @@ func loadRows(md *model, w *worker, now, freshAfter time.Time) []LoadRow {
 			row.AgeSeconds = min(row.AgeSeconds, now.Sub(rs.heard).Seconds())
 			if fresh {
 				row.Stale = false
-				aggs[rank].add(rs)
+				aggs[rank].add(rs, src.router)
 			}
 		}
 	}
 	out := make([]LoadRow, 0, len(rows))
 	for rank, row := range rows {
-		a := aggs[rank].RankLoad
+		a := aggs[rank].load()
 		row.ActiveDecodeBlocks, row.KVTotalBlocks = a.ActiveDecodeBlocks, a.KVTotalBlocks
 		row.ActivePrefillTokens, row.MaxNumBatchedTokens = a.ActivePrefillTokens, a.MaxNumBatchedTokens
 		if !row.Stale {
 			r := RankBusy(md.thresholds, a)
 			row.Busy, row.Reason = r != 0, r.String()
+			row.Level = RankLevel(md.thresholds, a, f).String()
 		}
 		out = append(out, *row)
 	}
@@ -210,4 +221,43 @@ func (s *state) selected(name string) []*model {
 		out[i] = s.models[n]
 	}
 	return out
+}
+
+// RescheduleSnapshot is the view a rescheduling round plans on (contract
+// §12): every model's workers with their usage — the mean over their fresh
+// ranks of KV blocks in use over total blocks, each rank aggregated over
+// its fresh sources as the busy rules do — and whether they are fresh,
+// free and cordoned.
+func (m *Monitor) RescheduleSnapshot(ctx context.Context) (resched.Snapshot, error) {
+	var snap resched.Snapshot
+	err := m.do(ctx, func(s *state) {
+		now := time.Now()
+		snap.Now = now
+		freshAfter := now.Add(-s.cfg.StaleAfter)
+		ranks := map[uint32]rankAgg{}
+		for _, name := range slices.Sorted(maps.Keys(s.models)) {
+			md := s.models[name]
+			rm := resched.Model{Name: name}
+			for _, id := range slices.Sorted(maps.Keys(md.workers)) {
+				w := md.workers[id]
+				rw := resched.Worker{ID: id, Fresh: !w.left && w.class != ClassStale && w.class != ClassNone,
+					Free: w.class == ClassFree, Cordoned: s.cordoned(name, id)}
+				aggregate(w, freshAfter, ranks)
+				var sum float64
+				var n int
+				for _, agg := range ranks {
+					if a := agg.load(); a.KVTotalBlocks > 0 {
+						sum += float64(a.ActiveDecodeBlocks) / float64(a.KVTotalBlocks)
+						n++
+					}
+				}
+				if n > 0 {
+					rw.Usage, rw.HasUsage = sum/float64(n), true
+				}
+				rm.Workers = append(rm.Workers, rw)
+			}
+			snap.Models = append(snap.Models, rm)
+		}
+	})
+	return snap, err
 }

@@ -14,3 +14,18 @@ type Sink interface {
 	Set(set events.BusySet)
 	Delete(model string)
 }
+
+// PendingSink is a Sink that can say it still holds an unwritten record of
+// a model. The monitor then defers building that model's next record (a
+// build copies every worker of the model) until the Sink calls
+// Monitor.Kick, so that a storm of changes costs one build per write, not
+// one per batch of reports. A Sink that implements it must call Kick once
+// it has taken its pending records, or deferred records wait for the next
+// report, command or freshness check.
+type PendingSink interface {
+	Sink
+	// Pending reports whether a record of model given by Set has not been
+	// taken for writing yet. Called from the monitor's loop; must not
+	// block.
+	Pending(model string) bool
+}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"container/heap"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -31,6 +32,7 @@ type sourceState struct {
 	seq         uint64
 	sentAt      int64
 	start, size uint32 // declared ranks [start, start+size)
+	router      bool   // a router's estimate (router/*), summed with other routers
 	heard       time.Time
 	ranks       map[uint32]*rankState
 }
@@ -43,6 +45,16 @@ type worker struct {
 	sources map[string]*sourceState
 	class   Class
 	reason  Reason
+	// level is the worker's level (contract §15): free or amber when class
+	// is ClassFree, busy or hard when ClassBusy, free otherwise.
+	level Level
+
+	// latch holds, per rank, the checks that held at each level at the
+	// last evaluation: with a release margin they hold until the load falls
+	// to their release level (contract §12, §15). seedLatch is what a
+	// previous writer's record said, for the ranks not evaluated yet.
+	latch     map[uint32]Latch
+	seedLatch Latch
 
 	// A goodbye from the engine source leaves a tombstone: reports of the
 	// same boot, or of an older one, are dropped until the worker is removed.
@@ -73,7 +85,9 @@ type model struct {
 	thresholds        events.Thresholds // in force: defaults merged with the override
 	workers           map[uint64]*worker
 	busy, free, stale []uint64
+	amber, hard       []uint64          // free workers at amber, busy workers at hard (§15)
 	reasons           map[string]string // of the busy workers, by decimal id
+	allBusy           bool              // in the last record flushed
 	dirty             bool              // the record changed since the last flush
 	queued            bool              // in state.dirty
 }
@@ -90,20 +104,41 @@ func (m *model) list(c Class) *[]uint64 {
 	return nil
 }
 
-// setClass moves w to class c with reason r, keeping the lists sorted.
-func (m *model) setClass(w *worker, c Class, r Reason) {
-	if w.class == c && w.reason == r {
+// setClass moves w to class c with reason r at level lvl, keeping the
+// lists sorted. lvl is clamped to what c allows: amber at most when free,
+// busy or hard when busy, free otherwise.
+func (m *model) setClass(w *worker, c Class, r Reason, lvl Level) {
+	switch c {
+	case ClassFree:
+		lvl = min(lvl, LevelAmber)
+	case ClassBusy:
+		lvl = max(lvl, LevelBusy)
+	default:
+		lvl = LevelFree
+	}
+	if w.class == c && w.reason == r && w.level == lvl {
 		return
 	}
 	if w.class != c {
 		if l := m.list(w.class); l != nil {
-			if i, ok := slices.BinarySearch(*l, w.id); ok {
-				*l = slices.Delete(*l, i, i+1)
-			}
+			remove(l, w.id)
 		}
 		if l := m.list(c); l != nil {
-			i, _ := slices.BinarySearch(*l, w.id)
-			*l = slices.Insert(*l, i, w.id)
+			insert(l, w.id)
+		}
+	}
+	if was, is := w.level == LevelAmber, lvl == LevelAmber; was != is {
+		if is {
+			insert(&m.amber, w.id)
+		} else {
+			remove(&m.amber, w.id)
+		}
+	}
+	if was, is := w.level == LevelHard, lvl == LevelHard; was != is {
+		if is {
+			insert(&m.hard, w.id)
+		} else {
+			remove(&m.hard, w.id)
 		}
 	}
 	if c == ClassBusy {
@@ -111,8 +146,22 @@ func (m *model) setClass(w *worker, c Class, r Reason) {
 	} else if w.class == ClassBusy {
 		delete(m.reasons, w.idText)
 	}
-	w.class, w.reason = c, r
+	w.class, w.reason, w.level = c, r, lvl
 	m.dirty = true
+}
+
+// insert adds id to the sorted list l.
+func insert(l *[]uint64, id uint64) {
+	if i, ok := slices.BinarySearch(*l, id); !ok {
+		*l = slices.Insert(*l, i, id)
+	}
+}
+
+// remove deletes id from the sorted list l.
+func remove(l *[]uint64, id uint64) {
+	if i, ok := slices.BinarySearch(*l, id); ok {
+		*l = slices.Delete(*l, i, i+1)
+	}
 }
 
 // record returns the content of the model's record. Everything in it is
@@ -124,6 +173,8 @@ func (m *model) record() events.BusySet {
 		Free:       slices.Clone(m.free),
 		Stale:      slices.Clone(m.stale),
 		AllBusy:    len(m.free) == 0 && len(m.busy) > 0,
+		Amber:      slices.Clone(m.amber),
+		Hard:       slices.Clone(m.hard),
 		Reasons:    maps.Clone(m.reasons),
 		Thresholds: m.thresholds,
 	}
@@ -136,22 +187,72 @@ type span struct{ lo, hi uint64 }
 type scratch struct {
 	spans []span
 	ranks map[uint32]rankAgg
+	latch map[uint32]Latch
 }
 
-// rankAgg aggregates one rank across fresh sources: signals by maximum,
-// capacities by smallest positive value.
-type rankAgg struct{ RankLoad }
+// rankAgg aggregates one rank across fresh sources (contract §3, §11):
+// each signal is the larger of the engine's value (the largest over the
+// sources that are not routers) and the sum over router/* sources, since
+// each router sees only its share of the traffic; capacities by smallest
+// positive value. Read the result with load.
+type rankAgg struct {
+	RankLoad
+	routerDecode, routerPrefill uint64
+}
 
-func (a *rankAgg) add(rs *rankState) {
+func (a *rankAgg) add(rs *rankState, router bool) {
 	l := &rs.load
-	if l[sigDecode].Set {
-		a.ActiveDecodeBlocks = max(a.ActiveDecodeBlocks, l[sigDecode].Value)
-	}
-	if l[sigPrefill].Set {
-		a.ActivePrefillTokens = max(a.ActivePrefillTokens, l[sigPrefill].Value)
+	if router {
+		a.routerDecode = addSaturating(a.routerDecode, l[sigDecode])
+		a.routerPrefill = addSaturating(a.routerPrefill, l[sigPrefill])
+	} else {
+		if l[sigDecode].Set {
+			a.ActiveDecodeBlocks = max(a.ActiveDecodeBlocks, l[sigDecode].Value)
+		}
+		if l[sigPrefill].Set {
+			a.ActivePrefillTokens = max(a.ActivePrefillTokens, l[sigPrefill].Value)
+		}
 	}
 	a.KVTotalBlocks = minPositive(a.KVTotalBlocks, l[sigKVTotal])
 	a.MaxNumBatchedTokens = minPositive(a.MaxNumBatchedTokens, l[sigMaxBatched])
+}
+
+// load is the rank's load for the busy rules.
+func (a *rankAgg) load() RankLoad {
+	l := a.RankLoad
+	l.ActiveDecodeBlocks = max(l.ActiveDecodeBlocks, a.routerDecode)
+	l.ActivePrefillTokens = max(l.ActivePrefillTokens, a.routerPrefill)
+	return l
+}
+
+// addSaturating adds o to sum when it is set, stopping at the largest
+// uint64: estimates from the network must not wrap to a small load.
+func addSaturating(sum uint64, o events.Optional) uint64 {
+	if !o.Set {
+		return sum
+	}
+	if s := sum + o.Value; s >= sum {
+		return s
+	}
+	return math.MaxUint64
+}
+
+// aggregate fills ranks with w's fresh ranks, each aggregated over w's
+// fresh sources. ranks is cleared first.
+func aggregate(w *worker, freshAfter time.Time, ranks map[uint32]rankAgg) {
+	clear(ranks)
+	for _, src := range w.sources {
+		if !src.heard.After(freshAfter) {
+			continue
+		}
+		for r, rs := range src.ranks {
+			if rs.heard.After(freshAfter) {
+				a := ranks[r]
+				a.add(rs, src.router)
+				ranks[r] = a
+			}
+		}
+	}
 }
 
 func minPositive(cur uint64, o events.Optional) uint64 {
@@ -164,65 +265,100 @@ func minPositive(cur uint64, o events.Optional) uint64 {
 	return cur
 }
 
-// classify applies the busy rules to one worker: stale when no source has
-// fresh state, busy when every declared rank (the union of the fresh
-// sources' ranges) is busy, free otherwise. It reads the sources and writes
-// only sc.
-func classify(t events.Thresholds, sources map[string]*sourceState, freshAfter time.Time, sc *scratch) (Class, Reason) {
+// classify applies the busy rules to one worker: in no list while only
+// routers have spoken of it, stale when no engine source (one not
+// router/*) has fresh state, busy when every declared rank (the union of
+// the fresh sources' ranges) is busy, free otherwise: routers' estimates add
+// load, never liveness. Its level (contract §15) is the lowest of its
+// declared ranks' levels, a declared rank without fresh state being free.
+// With a release margin, each rank's checks are latched per level in
+// w.latch (contract §12). It reads the sources and writes only w.latch and
+// sc.
+func classify(t events.Thresholds, f Fractions, w *worker, margin float64, freshAfter time.Time, sc *scratch) (Class, Reason, Level) {
 	sc.spans = sc.spans[:0]
 	var only *sourceState
-	for _, src := range sources {
+	engine, engineFresh := false, false
+	for _, src := range w.sources {
+		engine = engine || !src.router
 		if src.heard.After(freshAfter) {
 			only = src
+			engineFresh = engineFresh || !src.router
 			sc.spans = append(sc.spans, span{uint64(src.start), uint64(src.start) + uint64(src.size)})
 		}
 	}
-	if len(sc.spans) == 0 {
-		return ClassStale, 0
+	switch {
+	case !engine && len(w.sources) > 0:
+		// Only routers speak of it: no engine has reported; not listed.
+		return ClassNone, 0, LevelFree
+	case !engineFresh:
+		// A router's estimates never keep a silent engine alive.
+		return ClassStale, 0, LevelFree
 	}
 	declared := unionSize(sc.spans)
-	var busy uint64
+	var amber, busy, hard uint64 // ranks at that level or above
 	var reason Reason
+	rank := func(r uint32, l RankLoad) {
+		var c Latch
+		if margin == 0 {
+			c = RankLevels(t, l, f, 0, Latch{})
+		} else {
+			latched, ok := w.latch[r]
+			if !ok {
+				latched = w.seedLatch
+			}
+			c = RankLevels(t, l, f, margin, latched)
+			if sc.latch == nil {
+				sc.latch = make(map[uint32]Latch)
+			}
+			if !c.IsZero() {
+				sc.latch[r] = c
+			}
+		}
+		switch c.Level() {
+		case LevelHard:
+			hard++
+			fallthrough
+		case LevelBusy:
+			busy++
+			reason |= c.Busy.Reason()
+			fallthrough
+		case LevelAmber:
+			amber++
+		}
+	}
 	if len(sc.spans) == 1 {
-		for _, rs := range only.ranks {
+		for r, rs := range only.ranks {
 			if !rs.heard.After(freshAfter) {
 				continue
 			}
 			var a rankAgg
-			a.add(rs)
-			if r := RankBusy(t, a.RankLoad); r != 0 {
-				busy++
-				reason |= r
-			}
+			a.add(rs, only.router)
+			rank(r, a.load())
 		}
 	} else {
 		if sc.ranks == nil {
 			sc.ranks = make(map[uint32]rankAgg)
 		}
-		clear(sc.ranks)
-		for _, src := range sources {
-			if !src.heard.After(freshAfter) {
-				continue
-			}
-			for rank, rs := range src.ranks {
-				if rs.heard.After(freshAfter) {
-					a := sc.ranks[rank]
-					a.add(rs)
-					sc.ranks[rank] = a
-				}
-			}
-		}
-		for _, a := range sc.ranks {
-			if r := RankBusy(t, a.RankLoad); r != 0 {
-				busy++
-				reason |= r
-			}
+		aggregate(w, freshAfter, sc.ranks)
+		for r, a := range sc.ranks {
+			rank(r, a.load())
 		}
 	}
-	if busy >= declared {
-		return ClassBusy, reason
+	if margin > 0 {
+		// The ranks just evaluated replace the latch; the seed is used up.
+		w.latch, sc.latch = sc.latch, w.latch
+		clear(sc.latch)
+		w.seedLatch = Latch{}
 	}
-	return ClassFree, 0
+	switch {
+	case busy >= declared && hard >= declared:
+		return ClassBusy, reason, LevelHard
+	case busy >= declared:
+		return ClassBusy, reason, LevelBusy
+	case amber >= declared:
+		return ClassFree, 0, LevelAmber
+	}
+	return ClassFree, 0, LevelFree
 }
 
 // unionSize returns the number of ranks covered by spans, which it sorts.

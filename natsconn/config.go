@@ -72,6 +72,12 @@ type Config struct {
 	// the client's server list. Set it for clients outside a containerised
 	// cluster, whose servers advertise addresses only reachable inside.
 	IgnoreDiscoveredServers bool
+
+	// NoReconnectBuffer makes a publish while disconnected fail at once
+	// instead of being buffered and sent after the reconnect: the monitor's
+	// connection, so that no stale write or lease renewal is sent late
+	// (contract §10).
+	NoReconnectBuffer bool
 }
 
 // DefaultConfig returns the configuration of a client of the embedded

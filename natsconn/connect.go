@@ -144,6 +144,9 @@ func (c Config) options(h *handlers) ([]nats.Option, error) {
 		nats.ErrorHandler(h.asyncError),
 		nats.LameDuckModeHandler(h.lameDuck),
 	}
+	if c.NoReconnectBuffer {
+		opts = append(opts, nats.ReconnectBufSize(-1))
+	}
 	switch {
 	case c.CredsFile != "":
 		// nats.go reads the file at every connect; check it now so a bad

@@ -170,7 +170,8 @@ func TestStartEmbeddedAddrInUse(t *testing.T) {
 		if !errors.Is(err, ErrAddrInUse) || !strings.Contains(err.Error(), cfg.Addr) {
 			t.Errorf("StartEmbedded = %v, want ErrAddrInUse naming %s", err, cfg.Addr)
 		}
-		if d := time.Since(start); d > 2*time.Second {
+		// Failing fast, not after the ready timeout (10 s) ran out.
+		if d := time.Since(start); d > DefaultReadyTimeout/2 {
 			t.Errorf("took %v to fail", d)
 		}
 		// The first one is untouched.

@@ -37,7 +37,8 @@ func newHandlers(log *slog.Logger) *handlers {
 // endOutage returns the attributes describing the outage that just ended, and
 // starts afresh. h.mu is held.
 func (h *handlers) endOutage(nc *nats.Conn) []any {
-	attrs := []any{"url", nc.ConnectedUrlRedacted(), "server", nc.ConnectedServerName()}
+	attrs := []any{"url", nc.ConnectedUrlRedacted(), "server", nc.ConnectedServerName(),
+		"server_version", nc.ConnectedServerVersion()}
 	if !h.downSince.IsZero() {
 		attrs = append(attrs,
 			"failed_attempts", h.failures,

@@ -38,7 +38,8 @@ func TestCloseFlushesAndSaysGoodbye(t *testing.T) {
 	if *bye.bye != want {
 		t.Errorf("goodbye %+v, want %+v", *bye.bye, want)
 	}
-	if wantSubj := events.ByeSubject(events.DefaultSubjectPrefix, "Qwen/Qwen3-0.6B", 9); bye.subject != wantSubj {
+	// A router's goodbye goes on its est subject (contract §11).
+	if wantSubj := events.EstByeSubject(events.DefaultSubjectPrefix, "Qwen/Qwen3-0.6B", 9); bye.subject != wantSubj {
 		t.Errorf("goodbye subject %q, want %q", bye.subject, wantSubj)
 	}
 

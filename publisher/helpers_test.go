@@ -98,7 +98,7 @@ func (in *inbox) decode(t *testing.T, m *nats.Msg) message {
 	}
 	out := message{subject: m.Subject}
 	switch s.Kind {
-	case events.KindLoad:
+	case events.KindLoad, events.KindEst:
 		r, err := events.DecodeLoadReport(m.Data)
 		if err != nil {
 			t.Fatalf("decode report on %s: %v", m.Subject, err)
@@ -107,7 +107,7 @@ func (in *inbox) decode(t *testing.T, m *nats.Msg) message {
 			t.Fatalf("report on %s: %v", m.Subject, err)
 		}
 		out.report = &r
-	case events.KindBye:
+	case events.KindBye, events.KindEstBye:
 		g, err := events.DecodeGoodbye(m.Data)
 		if err != nil {
 			t.Fatalf("decode goodbye on %s: %v", m.Subject, err)

@@ -65,13 +65,16 @@ func (p *Publisher) run(ctx context.Context, connected chan nats.Status) {
 }
 
 // flush publishes the changed ranks, or every known rank when all is set,
-// and returns the first error.
+// paused ranks excepted, and returns the first error.
 func (p *Publisher) flush(all bool) error {
 	batch := p.batch[:0]
 	p.mu.Lock()
 	p.pending = false
 	for i := range p.ranks {
 		r := &p.ranks[i]
+		if r.paused {
+			continue // stays dirty: published when resumed
+		}
 		if r.dirty || all && r.known {
 			batch = append(batch, rankLoad{i: i, load: r.load})
 			r.dirty = false
@@ -103,6 +106,10 @@ func (p *Publisher) heartbeat(now time.Time) time.Duration {
 		if due <= every/heartbeatSlack {
 			p.mu.Lock()
 			r := &p.ranks[i]
+			if r.paused {
+				p.mu.Unlock()
+				continue // silent until resumed
+			}
 			load := r.load
 			r.dirty = false
 			p.mu.Unlock()

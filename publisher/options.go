@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/registry"
 )
 
 // DefaultDebounce is how long a change waits for further changes before it is
@@ -54,9 +54,12 @@ type options struct {
 	now       func() time.Time
 
 	endpoint     string
+	blockSize    uint32
 	refresh      time.Duration
 	replicas     int
 	registryOpts []string // names of registry options given, to reject them without an endpoint
+
+	migrate MigrateHandler // nil: migrate requests are not listened to
 }
 
 func defaultOptions() options {
@@ -69,7 +72,7 @@ func defaultOptions() options {
 		debounce:  DefaultDebounce,
 		heartbeat: DefaultHeartbeat,
 		now:       time.Now,
-		refresh:   busylist.RegistryRefresh,
+		refresh:   registry.Refresh,
 		replicas:  DefaultRegistryReplicas,
 	}
 }
@@ -100,6 +103,10 @@ func newOptions(opts []Option) (options, error) {
 		// Only the engine owns its registry entry; another source deleting
 		// it on Close would hide a live worker from the routers.
 		errs = append(errs, fmt.Errorf("publisher: check endpoint: source %q may not register a worker, only %q: %w",
+			o.source, events.SourceEngine, ErrInvalidConfig))
+	}
+	if o.migrate != nil && o.source != events.SourceEngine {
+		errs = append(errs, fmt.Errorf("publisher: check migrate handler: source %q may not take migrate requests, only %q: %w",
 			o.source, events.SourceEngine, ErrInvalidConfig))
 	}
 	return o, errors.Join(errs...)
@@ -215,14 +222,29 @@ func WithEndpoint(endpoint string) Option {
 	}
 }
 
+// WithBlockSize puts the engine's KV block size (tokens per block) in the
+// registry entry, where slot trackers read it to hash prompts in the
+// engine's blocks (contract §7b, §11). It must be positive. Needs
+// WithEndpoint.
+func WithBlockSize(tokens uint32) Option {
+	return func(o *options) error {
+		o.registryOpts = append(o.registryOpts, "WithBlockSize")
+		if tokens == 0 {
+			return fmt.Errorf("publisher: check block size: 0 tokens: %w", ErrInvalidConfig)
+		}
+		o.blockSize = tokens
+		return nil
+	}
+}
+
 // WithRegistryRefresh sets how often the registry entry is written again
-// (busylist.RegistryRefresh). It must be positive and shorter than the
-// bucket's busylist.RegistryTTL. Needs WithEndpoint.
+// (registry.Refresh). It must be positive and shorter than the
+// bucket's registry.TTL. Needs WithEndpoint.
 func WithRegistryRefresh(d time.Duration) Option {
 	return func(o *options) error {
 		o.registryOpts = append(o.registryOpts, "WithRegistryRefresh")
-		if d <= 0 || d >= busylist.RegistryTTL {
-			return fmt.Errorf("publisher: check registry refresh: %v is not in (0, %v): %w", d, busylist.RegistryTTL, ErrInvalidConfig)
+		if d <= 0 || d >= registry.TTL {
+			return fmt.Errorf("publisher: check registry refresh: %v is not in (0, %v): %w", d, registry.TTL, ErrInvalidConfig)
 		}
 		o.refresh = d
 		return nil

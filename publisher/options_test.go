@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/publisher"
+	"github.com/workermon/workermon/registry"
 )
 
 func TestNewRejectsInvalidConfig(t *testing.T) {
@@ -50,10 +50,12 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{name: "zero refresh", model: "m",
 			opts: []publisher.Option{publisher.WithEndpoint("http://h"), publisher.WithRegistryRefresh(0)}},
 		{name: "refresh not below TTL", model: "m",
-			opts: []publisher.Option{publisher.WithEndpoint("http://h"), publisher.WithRegistryRefresh(busylist.RegistryTTL)}},
+			opts: []publisher.Option{publisher.WithEndpoint("http://h"), publisher.WithRegistryRefresh(registry.TTL)}},
 		{name: "zero replicas", model: "m",
 			opts: []publisher.Option{publisher.WithEndpoint("http://h"), publisher.WithRegistryReplicas(0)}},
 		{name: "refresh without endpoint", model: "m", opts: []publisher.Option{publisher.WithRegistryRefresh(time.Second)}},
+		{name: "block size 0", model: "m", opts: []publisher.Option{publisher.WithEndpoint("http://h"), publisher.WithBlockSize(0)}},
+		{name: "block size without endpoint", model: "m", opts: []publisher.Option{publisher.WithBlockSize(16)}},
 		{name: "replicas without endpoint", model: "m", opts: []publisher.Option{publisher.WithRegistryReplicas(3)}},
 		{name: "router source with endpoint", model: "m",
 			opts: []publisher.Option{publisher.WithSource("router/r1"), publisher.WithEndpoint("http://h")}},

@@ -6,8 +6,10 @@
 // The engine calls Update whenever a rank's load changes; the call only
 // records the value. A goroutine of the Publisher publishes each changed rank
 // after a short debounce, carrying the rank's full last known state, and
-// publishes every rank again as a heartbeat when nothing changed. Close says
-// goodbye and removes the registry entry.
+// publishes every rank again as a heartbeat when nothing changed. Pause and
+// Resume silence a rank (and, when every rank is paused, the registry
+// refresh) without a goodbye, for an adapter whose engine stopped answering.
+// Close says goodbye and removes the registry entry.
 //
 //	p, err := publisher.New(nc, "Qwen/Qwen3-0.6B", workerID, publisher.WithRanks(0, 2))
 //	...
@@ -29,6 +31,7 @@ import (
 
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/retry"
+	"github.com/workermon/workermon/registry"
 )
 
 // Sentinel errors of New and Update. Errors of Close wrap the NATS or
@@ -73,9 +76,10 @@ func (l Load) merge(u Load) Load {
 
 // rankState is the last known load of one rank.
 type rankState struct {
-	load  Load
-	known bool // Update was called for this rank: it is published
-	dirty bool // changed since it was last published
+	load   Load
+	known  bool // Update was called for this rank: it is published
+	dirty  bool // changed since it was last published
+	paused bool // Pause was called: nothing is published until Resume
 }
 
 // Publisher publishes the load of one worker's ranks for one source. Its
@@ -87,8 +91,8 @@ type Publisher struct {
 	bootID   uint64
 	opts     options
 	log      *slog.Logger
-	subjects []string // load subject of each rank, by rank - dpStart
-	bye      string
+	subjects []string // load or est subject of each rank, by rank - dpStart
+	bye      string   // bye or est bye subject
 
 	mu      sync.Mutex
 	ranks   []rankState // by rank - dpStart
@@ -103,7 +107,9 @@ type Publisher struct {
 	batch  []rankLoad
 	pubLog *retry.ErrLog
 
-	reg       *registry // nil without an endpoint
+	reg       *registry.Registration // nil without an endpoint
+	regs      registryRunner         // runs reg; stopped while every rank is paused
+	migrator  *migrator              // nil without a migrate handler
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -146,29 +152,51 @@ func New(nc *nats.Conn, model string, workerID uint64, opts ...Option) (*Publish
 		sentAt:   make([]time.Time, o.dpSize),
 		batch:    make([]rankLoad, 0, o.dpSize),
 	}
+	// A router's estimates and goodbye go on est subjects, an engine's on
+	// load and bye subjects: the monitor accepts each source only on its own
+	// (contract §11).
+	loadSubject := events.LoadSubject
+	if events.IsRouterSource(o.source) {
+		loadSubject, p.bye = events.EstSubject, events.EstByeSubject(o.prefix, model, workerID)
+	}
 	for i := range p.subjects {
-		p.subjects[i] = events.LoadSubject(o.prefix, model, workerID, o.dpStart+uint32(i))
+		p.subjects[i] = loadSubject(o.prefix, model, workerID, o.dpStart+uint32(i))
 	}
 	p.pubLog = retry.NewErrLog(p.log, slog.LevelWarn, "workermon publisher: publish report")
 	if o.endpoint != "" {
-		reg, err := newRegistry(p)
+		reg, err := registry.NewRegistration(registry.RegistrationConfig{
+			Conn: nc,
+			Entry: events.WorkerEntry{
+				Model:     model,
+				WorkerID:  workerID,
+				Endpoint:  o.endpoint,
+				DPStart:   o.dpStart,
+				DPSize:    o.dpSize,
+				BootID:    p.bootID,
+				BlockSize: o.blockSize,
+			},
+			Refresh:  o.refresh,
+			Replicas: o.replicas,
+			Now:      o.now,
+			Log:      p.log,
+		})
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("publisher: %w", err)
 		}
 		p.reg = reg
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
+	if o.migrate != nil {
+		if err := p.startMigrator(ctx); err != nil {
+			cancel()
+			return nil, err
+		}
+	}
 	p.wg.Add(1)
 	go p.run(ctx, nc.StatusChanged(nats.CONNECTED))
-	if p.reg != nil {
-		p.wg.Add(1)
-		go func(connected chan nats.Status) {
-			defer p.wg.Done()
-			p.reg.run(ctx, connected)
-		}(nc.StatusChanged(nats.CONNECTED))
-	}
+	p.regs.start(p.reg, nc)
 	return p, nil
 }
 
@@ -241,6 +269,8 @@ func (p *Publisher) close(ctx context.Context) error {
 	p.mu.Lock()
 	p.closed = true
 	p.mu.Unlock()
+	p.migrator.stop()
+	p.regs.close()
 	p.cancel()
 	p.wg.Wait()
 
@@ -255,7 +285,7 @@ func (p *Publisher) close(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("publisher: flush connection: %w", err))
 	}
 	if p.reg != nil {
-		if err := p.reg.remove(ctx); err != nil {
+		if err := p.reg.Remove(ctx); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -22,13 +22,13 @@ func TestRegistryEntry(t *testing.T) {
 	at := time.Date(2026, 11, 5, 12, 0, 0, 0, time.UTC)
 	p := e.start(t, "Qwen/Qwen3-0.6B", 7, publisher.WithRanks(0, 4),
 		publisher.WithEndpoint("http://10.0.0.7:8000/"), publisher.WithRegistryRefresh(20*time.Millisecond),
-		publisher.WithClock(func() time.Time { return at }))
+		publisher.WithBlockSize(32), publisher.WithClock(func() time.Time { return at }))
 	kv := workersBucket(t, e)
 	key := events.RegistryKey("Qwen/Qwen3-0.6B", 7)
 
 	entry, rev := waitEntry(t, kv, key, 0)
 	want := events.WorkerEntry{Model: "Qwen/Qwen3-0.6B", WorkerID: 7, Endpoint: "http://10.0.0.7:8000",
-		DPStart: 0, DPSize: 4, BootID: p.BootID(), RegisteredAt: at.UnixNano()}
+		DPStart: 0, DPSize: 4, BootID: p.BootID(), RegisteredAt: at.UnixNano(), BlockSize: 32}
 	if entry != want {
 		t.Errorf("entry %+v, want %+v", entry, want)
 	}
@@ -55,7 +55,7 @@ func TestRegistryFailureDoesNotBlockReports(t *testing.T) {
 	if err := p.Update(0, load(1, -1, -1, -1)); err != nil {
 		t.Fatalf("Update: %v", err)
 	}
-	const failed = "workermon publisher: write registry entry failed"
+	const failed = "registry: write entry failed"
 	poll(t, func() error {
 		if logs.count(failed) == 0 {
 			return errors.New("registry failure not logged yet")

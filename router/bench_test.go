@@ -6,7 +6,7 @@ import (
 	"io"
 	"testing"
 
-	"github.com/workermon/workermon/busylist"
+	"github.com/workermon/workermon/admission"
 	"github.com/workermon/workermon/events"
 )
 
@@ -20,7 +20,7 @@ func BenchmarkCandidatesAndPick(b *testing.B) {
 		registered[i] = events.WorkerEntry{WorkerID: uint64(i), Endpoint: "http://10.0.0." + string(rune('a'+i)) + ":8000"}
 		l.counter(registered[i].Endpoint)
 	}
-	d := busylist.Decision{Admit: true, Reason: busylist.ReasonFree, Free: []uint64{1, 3, 5, 7, 9, 11}, Busy: []uint64{0, 2}}
+	d := admission.Decision{Admit: true, Reason: admission.ReasonFree, Free: []uint64{1, 3, 5, 7, 9, 11}, Busy: []uint64{0, 2}}
 	b.ReportAllocs()
 	for b.Loop() {
 		var buf [8]events.WorkerEntry

@@ -15,21 +15,28 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/kvbucket"
 	"github.com/workermon/workermon/internal/natstest"
 	"github.com/workermon/workermon/internal/promtest"
+	"github.com/workermon/workermon/internal/watchmetrics"
+	"github.com/workermon/workermon/registry"
 )
 
 // testEnv is a router in front of fake engines, fed by a real in-process
 // NATS server whose buckets the test writes directly.
 type testEnv struct {
+	natsURL       string
+	srv           *server.Server  // the NATS server
+	natsOpts      *server.Options // its options, to bring it back after a stop
 	busy, workers jetstream.KeyValue
 	watcher       *busylist.Watcher
-	registry      *busylist.Registry
+	registry      *registry.Watcher
 	reg           *prometheus.Registry
 	rt            *Router
 	front         *httptest.Server
@@ -37,31 +44,38 @@ type testEnv struct {
 }
 
 type envOptions struct {
-	config func(*Config)
-	watch  []busylist.WatchOption
+	config   func(*Config)
+	watch    []busylist.WatchOption
+	registry []registry.Option
 }
 
 func newTestEnv(t *testing.T, o envOptions) *testEnv {
 	t.Helper()
-	srv := natstest.Start(t, nil)
+	natsOpts := natstest.Options(t)
+	srv := natstest.Start(t, natsOpts)
 	js, err := jetstream.New(natstest.Connect(t, srv))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	e := &testEnv{reg: prometheus.NewRegistry()}
-	if e.busy, err = busylist.OpenBucket(ctx, js, events.BusyBucket, 1); err != nil {
+	e := &testEnv{reg: prometheus.NewRegistry(), natsURL: srv.ClientURL(), srv: srv, natsOpts: natsOpts}
+	if e.busy, err = kvbucket.Open(ctx, js, events.BusyBucket, 1); err != nil {
 		t.Fatal(err)
 	}
-	if e.workers, err = busylist.OpenBucket(ctx, js, events.WorkersBucket, 1); err != nil {
+	if e.workers, err = kvbucket.Open(ctx, js, events.WorkersBucket, 1); err != nil {
 		t.Fatal(err)
 	}
 	if e.watcher, err = busylist.NewWatcher(js, append([]busylist.WatchOption{busylist.WithRegisterer(e.reg)}, o.watch...)...); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.watcher.Close() })
-	if e.registry, err = busylist.NewRegistry(js, busylist.WithRegisterer(e.reg)); err != nil {
+	watchStats, err := watchmetrics.New(e.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.registry, err = registry.NewWatcher(js, append([]registry.Option{registry.WithStats(watchStats.Bucket(events.WorkersBucket))},
+		o.registry...)...); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.registry.Close() })
@@ -297,6 +311,19 @@ func parseStream(t *testing.T, raw []byte) streamResult {
 	return res
 }
 
+// errorBody is the shape of the router's error bodies (contract §7c).
+type errorBody struct {
+	Message string `json:"message"`
+	Type    string `json:"type"`
+	Code    int    `json:"code"`
+	Error   struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    int     `json:"code"`
+	} `json:"error"`
+}
+
 // errorBodyOf decodes a router error body, checking its shape.
 func errorBodyOf(t *testing.T, b []byte) errorBody {
 	t.Helper()
@@ -304,12 +331,17 @@ func errorBodyOf(t *testing.T, b []byte) errorBody {
 	if err := json.Unmarshal(b, &m); err != nil {
 		t.Fatalf("error body %q: %v", b, err)
 	}
-	if len(m) != 3 {
-		t.Errorf("error body %s: want exactly message, type, code", b)
+	if len(m) != 4 {
+		t.Errorf("error body %s: want exactly message, type, code and error", b)
 	}
 	var e errorBody
 	if err := json.Unmarshal(b, &e); err != nil {
 		t.Fatal(err)
+	}
+	// OpenAI's error object repeats the top level (contract §7c).
+	if inner, _ := m["error"].(map[string]any); len(inner) != 4 || inner["param"] != nil ||
+		e.Error.Message != e.Message || e.Error.Type != e.Type || e.Error.Code != e.Code {
+		t.Errorf("error body %s: the error object does not repeat message, type and code with param null", b)
 	}
 	return e
 }

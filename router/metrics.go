@@ -9,7 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/workermon/workermon/busylist"
+	"github.com/workermon/workermon/internal/promreg"
 )
 
 // Upstream error kinds of workermon_router_upstream_errors_total.
@@ -37,7 +37,7 @@ const statusClientClosed = 499
 const rateLogEvery = 10 * time.Second
 
 // metrics are the Router's own metrics; the admission counters are
-// busylist.AdmissionMetrics.
+// admission.Metrics.
 type metrics struct {
 	duration      *prometheus.HistogramVec
 	inFlight      prometheus.Gauge
@@ -80,10 +80,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Admitted requests answered 503 because no registered worker could take them.",
 		}),
 	}
-	if err := errors.Join(busylist.RegisterShared(reg, &m.duration), busylist.RegisterShared(reg, &m.inFlight),
-		busylist.RegisterShared(reg, &m.cancellations), busylist.RegisterShared(reg, &m.upstream),
-		busylist.RegisterShared(reg, &m.retries), busylist.RegisterShared(reg, &m.migrations),
-		busylist.RegisterShared(reg, &m.noWorkers)); err != nil {
+	if err := errors.Join(promreg.Shared(reg, &m.duration), promreg.Shared(reg, &m.inFlight),
+		promreg.Shared(reg, &m.cancellations), promreg.Shared(reg, &m.upstream),
+		promreg.Shared(reg, &m.retries), promreg.Shared(reg, &m.migrations),
+		promreg.Shared(reg, &m.noWorkers)); err != nil {
 		return nil, err
 	}
 	// Initialise the label values known in advance, so that they show as 0.

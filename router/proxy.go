@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/workermon/workermon/admission"
 	"github.com/workermon/workermon/events"
 )
 
@@ -29,12 +30,17 @@ type exchange struct {
 	rc    *http.ResponseController
 	route string
 	model string
+	// class is the request's priority class (contract §15).
+	class admission.Class
 	// code is the status written to the client, 0 until then.
 	code int
 	// tried are the workers that failed this request (unreachable, or cut).
 	tried []uint64
 	// cancelled is set once the client is known to be gone.
 	cancelled bool
+	// prompt is what the request adds to a worker's slots; nil without a
+	// tracker.
+	prompt *promptLoad
 }
 
 // serveInference proxies a POST /v1/completions or /v1/chat/completions.
@@ -65,20 +71,40 @@ func (ex *exchange) serve() {
 		return
 	}
 	ex.model = model
+	class, err := admission.ClassFromRequest(ex.r)
+	if err != nil {
+		ex.writeError(http.StatusBadRequest, typeInvalidRequest, admission.BadPriorityMessage(err))
+		return
+	}
+	ex.class = class
 
 	// A model nobody serves is answered "no workers available", never with
 	// the all-busy rejection (contract §7c), whatever its record says.
 	registered := rt.cfg.Registry.Endpoints(model)
 	if len(registered) == 0 {
 		ex.code = http.StatusServiceUnavailable
-		rt.writeNoWorkers(ex.w, model, "no worker is registered")
+		why := "no worker is registered"
+		// Not "nobody serves it" when the registry cannot be read: its
+		// watcher logs why, and so does the router, rate-limited.
+		switch {
+		case !rt.cfg.Registry.Ready():
+			why = "the worker registry (KV bucket " + events.WorkersBucket + ") has not been read yet; see the router's log"
+			rt.registryLog.warn("router: no worker known for the model: the worker registry has not been read yet",
+				"model", model, "bucket", events.WorkersBucket)
+		case !rt.cfg.Registry.Live():
+			why = "the worker registry (KV bucket " + events.WorkersBucket +
+				") cannot be read now (NATS down or not answering), so workers registered since are unknown; see the router's log"
+			rt.registryLog.warn("router: no worker known for the model, and the worker registry cannot be read",
+				"model", model, "bucket", events.WorkersBucket)
+		}
+		rt.writeNoWorkers(ex.w, model, why)
 		return
 	}
-	d := rt.cfg.BusyList.Decide(model)
+	d := rt.cfg.BusyList.DecideClass(model, class)
 	rt.admission.Observe(model, d)
 	if !d.Admit {
-		ex.code = rt.cfg.RejectStatus
-		rt.reject.Reject(ex.w)
+		ex.code = rt.reject.RejectStatus(d)
+		rt.reject.RejectDecision(ex.w, d)
 		return
 	}
 	var buf [8]events.WorkerEntry
@@ -89,11 +115,15 @@ func (ex *exchange) serve() {
 		return
 	}
 
+	if rt.slots != nil {
+		p := parsePrompt(ex.route, body)
+		ex.prompt = &p
+	}
 	var mig *migration
 	if ex.route == routeCompletions && rt.cfg.MigrationLimit > 0 {
 		mig = newMigration(body)
 	}
-	up, err := ex.dispatch(body, cands, mig != nil)
+	up, err := ex.dispatch(body, cands, mig != nil, mig != nil)
 	if err != nil {
 		ex.dispatchFailed(err)
 		return
@@ -192,17 +222,19 @@ type upstream struct {
 	resp    *http.Response
 	worker  events.WorkerEntry
 	load    *atomic.Int64
+	slot    *slot // nil when not tracked
 	cancel  context.CancelCauseFunc
 	release sync.Once
 }
 
 // close closes the response, cancels its request and gives back its load
-// count; idempotent.
+// count and its slot; idempotent.
 func (u *upstream) close() {
 	u.release.Do(func() {
 		_ = u.resp.Body.Close()
 		u.cancel(nil)
 		u.load.Add(-1)
+		u.slot.release()
 	})
 }
 
@@ -228,7 +260,7 @@ func (u *upstream) isEventStream() bool {
 // on the same worker. identity asks the worker for an uncompressed response.
 // The error matches ErrNoneAnswered, ErrUpstreamTimeout, or the request
 // context's error when the client went away.
-func (ex *exchange) dispatch(body []byte, cands []events.WorkerEntry, identity bool) (*upstream, error) {
+func (ex *exchange) dispatch(body []byte, cands []events.WorkerEntry, identity, continuable bool) (*upstream, error) {
 	rt := ex.rt
 	var lastErr error
 	failures, sameRetried := 0, false
@@ -239,14 +271,14 @@ func (ex *exchange) dispatch(body []byte, cands []events.WorkerEntry, identity b
 			worker, same = *same, nil
 		} else {
 			var ok bool
-			if worker, ok = rt.loads.pick(cands, ex.tried); !ok {
+			if worker, ok = ex.pick(cands); !ok {
 				break
 			}
 		}
 		if lastErr != nil {
 			rt.metrics.retries.Inc()
 		}
-		up, reused, err := ex.send(worker, body, identity)
+		up, reused, err := ex.send(worker, body, identity, continuable)
 		if err == nil {
 			return up, nil
 		}
@@ -281,6 +313,20 @@ func (ex *exchange) dispatch(body []byte, cands []events.WorkerEntry, identity b
 	return nil, fmt.Errorf("%w: %w", ErrNoneAnswered, lastErr)
 }
 
+// pick chooses the worker of the next attempt among the candidates not
+// tried: by the slot tracker's projection with Config.PickLeastPotential,
+// else (or when the tracker knows none of them) by the power of two choices
+// on requests in flight.
+func (ex *exchange) pick(cands []events.WorkerEntry) (events.WorkerEntry, bool) {
+	rt := ex.rt
+	if rt.cfg.PickLeastPotential && rt.slots != nil && ex.prompt != nil {
+		if w, ok := rt.slots.leastPotential(ex.model, cands, ex.tried, ex.prompt, rt.loads.inFlight); ok {
+			return w, true
+		}
+	}
+	return rt.loads.pick(cands, ex.tried)
+}
+
 // dispatchFailed answers a request that reached no worker.
 func (ex *exchange) dispatchFailed(err error) {
 	switch {
@@ -301,7 +347,10 @@ var errBadEndpoint = errors.New("router: bad endpoint")
 // send sends one request to worker. reused tells whether it went on a
 // reused connection. The returned upstream holds a load count on the
 // worker's endpoint until closed.
-func (ex *exchange) send(worker events.WorkerEntry, body []byte, identity bool) (_ *upstream, reused bool, _ error) {
+// continuable marks the request with X-Workermon-Migratable: 1 (contract
+// §12): the router can continue its stream elsewhere, so the engine may cut
+// it when the rescheduler asks.
+func (ex *exchange) send(worker events.WorkerEntry, body []byte, identity, continuable bool) (_ *upstream, reused bool, _ error) {
 	rt := ex.rt
 	target, err := upstreamURL(worker.Endpoint, ex.r.URL)
 	if err != nil {
@@ -319,8 +368,12 @@ func (ex *exchange) send(worker events.WorkerEntry, body []byte, identity bool) 
 	if identity {
 		req.Header.Set("Accept-Encoding", "identity")
 	}
+	if continuable {
+		req.Header.Set(events.MigratableHeader, "1")
+	}
 	load := rt.loads.counter(worker.Endpoint)
 	load.Add(1)
+	sl := rt.slots.add(ex.model, worker.WorkerID, ex.prompt)
 	timer := time.AfterFunc(rt.cfg.UpstreamTimeout, func() { cancel(ErrUpstreamTimeout) })
 	resp, err := rt.transport.RoundTrip(req)
 	if !timer.Stop() && err == nil {
@@ -330,6 +383,7 @@ func (ex *exchange) send(worker events.WorkerEntry, body []byte, identity bool) 
 	}
 	if err != nil {
 		load.Add(-1)
+		sl.release()
 		timedOut := errors.Is(context.Cause(ctx), ErrUpstreamTimeout)
 		cancel(nil)
 		if timedOut {
@@ -337,7 +391,10 @@ func (ex *exchange) send(worker events.WorkerEntry, body []byte, identity bool) 
 		}
 		return nil, reusedConn.Load(), fmt.Errorf("router: send to worker %d at %s: %w", worker.WorkerID, worker.Endpoint, err)
 	}
-	return &upstream{resp: resp, worker: worker, load: load, cancel: cancel}, reusedConn.Load(), nil
+	if sl != nil {
+		resp.Body = &firstRead{ReadCloser: resp.Body, slot: sl}
+	}
+	return &upstream{resp: resp, worker: worker, load: load, slot: sl, cancel: cancel}, reusedConn.Load(), nil
 }
 
 // upstreamURL joins a worker's base URL (without /v1) and the request's
@@ -385,6 +442,8 @@ func copyRequestHeader(dst http.Header, r *http.Request) {
 	removeHopHeaders(dst)
 	dst.Del("Expect")
 	dst.Del("Content-Length")
+	// Only the router says whether it can continue a stream.
+	dst.Del(events.MigratableHeader)
 	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		if prior := dst.Values("X-Forwarded-For"); len(prior) > 0 {
 			ip = strings.Join(prior, ", ") + ", " + ip

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/workermon/workermon/admission"
 )
 
 // Error types of the router's error bodies.
@@ -19,27 +21,9 @@ const (
 	typeUpstreamTimeout    = "upstream_timeout"
 )
 
-// errorBody is the shape of every error the Router writes itself:
-// {"message","type","code"}, code being the HTTP status.
-type errorBody struct {
-	Message string `json:"message"`
-	Type    string `json:"type"`
-	Code    int    `json:"code"`
-}
-
-// marshalError returns the JSON of an error body.
-func marshalError(status int, typ, msg string) []byte {
-	b, err := json.Marshal(errorBody{Message: msg, Type: typ, Code: status})
-	if err != nil {
-		// Strings and an int always marshal.
-		panic(err)
-	}
-	return b
-}
-
 // writeError writes an error body with the given status.
 func writeError(w http.ResponseWriter, status int, typ, msg string) {
-	body := marshalError(status, typ, msg)
+	body := admission.ErrorBody(status, typ, msg)
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))

@@ -5,7 +5,7 @@
 // For POST /v1/completions and POST /v1/chat/completions a Router reads the
 // model from the JSON body, asks the busy list (a busylist.Watcher) for the
 // decision, and either rejects the request (the §7 rejection) or forwards it
-// to one of the model's registered workers (a busylist.Registry) that the
+// to one of the model's registered workers (a registry.Watcher) that the
 // decision allows: the free ones, else the ones not listed as busy. Among
 // those it picks by the power of two choices on its own count of requests in
 // flight per endpoint. The answer is streamed back as it arrives, one write
@@ -22,6 +22,7 @@
 package router
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,18 +33,22 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/workermon/workermon/admission"
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/registry"
+	"github.com/workermon/workermon/slots"
+	"github.com/workermon/workermon/slots/slotsapi"
 )
 
 // Defaults of a Config.
 const (
 	// DefaultRejectStatus is the status of a rejected request (503; 429 and
 	// 529 are allowed).
-	DefaultRejectStatus = busylist.DefaultRejectStatus
+	DefaultRejectStatus = admission.DefaultRejectStatus
 	// DefaultRetryAfter is the Retry-After of a rejection and of a "no
 	// workers available" answer, rounded up to whole seconds.
-	DefaultRetryAfter = busylist.DefaultRetryAfter
+	DefaultRetryAfter = admission.DefaultRetryAfter
 	// DefaultMaxBodyBytes is the largest request body read; a larger one gets
 	// 413.
 	DefaultMaxBodyBytes = 4 << 20
@@ -95,7 +100,9 @@ var (
 // one.
 type BusyList interface {
 	// Decide applies the router contract (§7) to a request for model.
-	Decide(model string) busylist.Decision
+	Decide(model string) admission.Decision
+	// DecideClass applies it to a request of priority class c (§15).
+	DecideClass(model string, c admission.Class) admission.Decision
 	// Models returns the models that have a record.
 	Models() []string
 	// Ready reports whether the initial values are loaded.
@@ -103,7 +110,7 @@ type BusyList interface {
 }
 
 // Registry is what the Router needs of the worker registry;
-// *busylist.Registry is one.
+// *registry.Watcher is one.
 type Registry interface {
 	// Endpoints returns the model's registered workers, sorted by id; read
 	// only.
@@ -112,11 +119,14 @@ type Registry interface {
 	Models() []string
 	// Ready reports whether the initial values are loaded.
 	Ready() bool
+	// Live reports whether the registry is being read now (its watch is
+	// current); while it is not, a model without workers may have some.
+	Live() bool
 }
 
 var (
 	_ BusyList     = (*busylist.Watcher)(nil)
-	_ Registry     = (*busylist.Registry)(nil)
+	_ Registry     = (*registry.Watcher)(nil)
 	_ http.Handler = (*Router)(nil)
 )
 
@@ -131,6 +141,10 @@ type Config struct {
 
 	// RejectStatus is the status of a rejection: 503, 429 or 529.
 	RejectStatus int
+	// ShedStatus is the status of the rejection of a sheddable request
+	// that a standard one would have got through (contract §15): 429, 503
+	// or 529.
+	ShedStatus int
 	// RetryAfter is the Retry-After of a rejection; positive.
 	RetryAfter time.Duration
 	// MaxBodyBytes is the largest request body read, and the most text a
@@ -148,8 +162,20 @@ type Config struct {
 	// MigrationLimit is how many times a cut streamed completion continues
 	// on another worker; 0 (off) or more.
 	MigrationLimit int
-	// RouterID names this router in its logs.
+	// RouterID names this router in its logs and in the ids of the
+	// requests it tracks.
 	RouterID string
+	// Slots, when set, tracks every request sent to a worker (contract §11;
+	// see slots.go), and the Router serves GET /loads and POST
+	// /potential_loads from it (another method: 405, as slotsapi answers). Its workers are registered by the caller
+	// (slotsnats.Sync); a request for a worker it does not know is not
+	// tracked.
+	Slots *slots.Tracker
+	// PickLeastPotential picks the worker whose least loaded rank the
+	// tracker projects lowest with the request (prefill tokens over the
+	// block size, plus blocks), instead of the power of two choices on
+	// requests in flight. Needs Slots.
+	PickLeastPotential bool
 
 	// Transport sends the requests to the workers (nil: a Transport of the
 	// Router's own, with ConnectTimeout and no compression).
@@ -169,6 +195,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		RejectStatus:    DefaultRejectStatus,
+		ShedStatus:      admission.DefaultShedStatus,
 		RetryAfter:      DefaultRetryAfter,
 		MaxBodyBytes:    DefaultMaxBodyBytes,
 		UpstreamTimeout: DefaultUpstreamTimeout,
@@ -192,6 +219,9 @@ func (c Config) Validate() error {
 	}
 	if !slices.Contains([]int{http.StatusServiceUnavailable, http.StatusTooManyRequests, 529}, c.RejectStatus) {
 		bad("reject status %d is not 503, 429 or 529", c.RejectStatus)
+	}
+	if !slices.Contains([]int{http.StatusServiceUnavailable, http.StatusTooManyRequests, 529}, c.ShedStatus) {
+		bad("shed status %d is not 429, 503 or 529", c.ShedStatus)
 	}
 	if c.RetryAfter <= 0 {
 		bad("retry-after %v is not positive", c.RetryAfter)
@@ -220,14 +250,16 @@ type Router struct {
 	log       *slog.Logger
 	transport http.RoundTripper
 	own       *http.Transport // the Router's own transport, closed by Close
-	reject    *busylist.Middleware
-	admission *busylist.AdmissionMetrics
+	reject    *admission.Middleware
+	admission *admission.Metrics
 	metrics   *metrics
 	loads     loads
+	slots     *slotTracker // nil without Config.Slots
 	mux       *http.ServeMux
 
 	retryAfter             string // RetryAfter in whole seconds
 	upstreamLog, streamLog rateLog
+	registryLog            rateLog // a model without workers while the registry cannot be read
 }
 
 // New returns a Router, or the problems of cfg.
@@ -243,11 +275,11 @@ func New(cfg Config) (*Router, error) {
 		rt.log = rt.log.With("router_id", cfg.RouterID)
 	}
 	var err error
-	if rt.reject, err = busylist.NewMiddleware(cfg.BusyList, busylist.WithRejectStatus(cfg.RejectStatus),
-		busylist.WithRetryAfter(cfg.RetryAfter)); err != nil {
+	if rt.reject, err = admission.NewMiddleware(cfg.BusyList, admission.WithRejectStatus(cfg.RejectStatus),
+		admission.WithShedStatus(cfg.ShedStatus), admission.WithRetryAfter(cfg.RetryAfter)); err != nil {
 		return nil, fmt.Errorf("router: new: %w", err)
 	}
-	if rt.admission, err = busylist.NewAdmissionMetrics(cfg.Registerer, busylist.DefaultMaxModelLabels); err != nil {
+	if rt.admission, err = admission.NewMetrics(cfg.Registerer, admission.DefaultMaxModelLabels); err != nil {
 		return nil, fmt.Errorf("router: new: %w", err)
 	}
 	if rt.metrics, err = newMetrics(cfg.Registerer); err != nil {
@@ -260,6 +292,7 @@ func New(cfg Config) (*Router, error) {
 	rt.retryAfter = retryAfterSeconds(cfg.RetryAfter)
 	rt.upstreamLog = rateLog{log: rt.log, every: rateLogEvery}
 	rt.streamLog = rateLog{log: rt.log, every: rateLogEvery}
+	rt.registryLog = rateLog{log: rt.log, every: rateLogEvery}
 	rt.loads.init()
 
 	mux := http.NewServeMux()
@@ -270,6 +303,13 @@ func New(cfg Config) (*Router, error) {
 		rt.serveInference(w, r, routeChatCompletions)
 	})
 	mux.HandleFunc("GET "+PathModels, rt.serveModels)
+	if cfg.Slots != nil {
+		rt.slots = &slotTracker{tr: cfg.Slots, prefix: cmp.Or(cfg.RouterID, "router")}
+		api := slotsapi.Handler(cfg.Slots)
+		// Every method: the API answers a wrong one 405 with Allow.
+		mux.Handle("/loads", api)
+		mux.Handle("/potential_loads", api)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", rt.serveReady)
 	mux.HandleFunc("/", rt.serveNotFound)

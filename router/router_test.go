@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/workermon/workermon/admission"
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/natstest"
@@ -43,7 +44,7 @@ func TestRoutesOnlyToFreeWorkers(t *testing.T) {
 	if h1, h2 := engines[1].hits.Load(), engines[2].hits.Load(); h1 == 0 || h2 == 0 || h1+h2 != n {
 		t.Errorf("free workers got %d and %d requests, want both some, %d in all", h1, h2, n)
 	}
-	if got := env.metric(t, "workermon_router_admissions_total", map[string]string{"outcome": busylist.OutcomeAdmitted}); got != n {
+	if got := env.metric(t, "workermon_router_admissions_total", map[string]string{"outcome": admission.OutcomeAdmitted}); got != n {
 		t.Errorf("admitted = %v, want %d", got, n)
 	}
 	// The duration is observed after the last byte went out.
@@ -100,11 +101,11 @@ func TestRejectAllBusy(t *testing.T) {
 			if ra := resp.Header.Get("Retry-After"); ra != tc.wantRetry {
 				t.Errorf("Retry-After %q, want %q", ra, tc.wantRetry)
 			}
-			if !bytes.Equal(body, busylist.RejectBody(want)) {
-				t.Errorf("body %s\nwant %s", body, busylist.RejectBody(want))
+			if !bytes.Equal(body, admission.RejectBody(want)) {
+				t.Errorf("body %s\nwant %s", body, admission.RejectBody(want))
 			}
 			if want == http.StatusServiceUnavailable {
-				const exact = `{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","code":503}`
+				const exact = `{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","code":503,"error":{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","param":null,"code":503}}`
 				if string(body) != exact {
 					t.Errorf("body %s\nwant %s", body, exact)
 				}
@@ -139,15 +140,15 @@ func TestStaleList(t *testing.T) {
 				if resp.StatusCode != http.StatusOK || e.hits.Load() != 1 {
 					t.Errorf("status %d, engine hits %d: want the stale list ignored", resp.StatusCode, e.hits.Load())
 				}
-				if got := env.metric(t, "workermon_router_admissions_total", map[string]string{"outcome": busylist.OutcomeStaleOpen}); got != 1 {
+				if got := env.metric(t, "workermon_router_admissions_total", map[string]string{"outcome": admission.OutcomeStaleOpen}); got != 1 {
 					t.Errorf("stale_open = %v, want 1", got)
 				}
 				return
 			}
-			if resp.StatusCode != http.StatusServiceUnavailable || !bytes.Equal(body, busylist.RejectBody(503)) {
+			if resp.StatusCode != http.StatusServiceUnavailable || !bytes.Equal(body, admission.RejectBody(503)) {
 				t.Errorf("status %d body %s: want the rejection", resp.StatusCode, body)
 			}
-			if got := env.metric(t, "workermon_router_admissions_total", map[string]string{"outcome": busylist.OutcomeStaleClosed}); got != 1 {
+			if got := env.metric(t, "workermon_router_admissions_total", map[string]string{"outcome": admission.OutcomeStaleClosed}); got != 1 {
 				t.Errorf("stale_closed = %v, want 1", got)
 			}
 		})
@@ -164,7 +165,7 @@ func TestNoRegisteredWorkers(t *testing.T) {
 		if resp.StatusCode != http.StatusServiceUnavailable {
 			t.Errorf("%s: status %d", m, resp.StatusCode)
 		}
-		if bytes.Equal(body, busylist.RejectBody(503)) {
+		if bytes.Equal(body, admission.RejectBody(503)) {
 			t.Errorf("%s: the all-busy body for a model without workers", m)
 		}
 		eb := errorBodyOf(t, body)
@@ -201,7 +202,7 @@ func TestUnknownModelAdmitted(t *testing.T) {
 			t.Errorf("endpoint with a trailing slash: path %q", r.path)
 		}
 	}
-	if got := env.metric(t, "workermon_router_admissions_total", map[string]string{"outcome": busylist.OutcomeUnknownModel}); got != 20 {
+	if got := env.metric(t, "workermon_router_admissions_total", map[string]string{"outcome": admission.OutcomeUnknownModel}); got != 20 {
 		t.Errorf("unknown_model = %v, want 20", got)
 	}
 }
@@ -501,8 +502,11 @@ func TestOtherRoutes(t *testing.T) {
 // notReady is a busy list and registry that never load.
 type notReady struct{}
 
-func (notReady) Decide(string) busylist.Decision {
-	return busylist.Decision{Admit: true, Reason: busylist.ReasonNotReady}
+func (notReady) Decide(string) admission.Decision {
+	return admission.Decision{Admit: true, Reason: admission.ReasonNotReady}
+}
+func (notReady) DecideClass(_ string, c admission.Class) admission.Decision {
+	return admission.Decision{Admit: true, Reason: admission.ReasonNotReady, Class: c}
 }
 func (notReady) Models() []string { return nil }
 func (notReady) Ready() bool      { return false }
@@ -510,10 +514,11 @@ func (notReady) Ready() bool      { return false }
 type notReadyRegistry struct{ notReady }
 
 func (notReadyRegistry) Endpoints(string) []events.WorkerEntry { return nil }
+func (notReadyRegistry) Live() bool                            { return false }
 
 func TestReadyz(t *testing.T) {
 	t.Parallel()
-	rt, err := New(Config{BusyList: notReady{}, Registry: notReadyRegistry{}, RejectStatus: 503, RetryAfter: time.Second,
+	rt, err := New(Config{BusyList: notReady{}, Registry: notReadyRegistry{}, RejectStatus: 503, ShedStatus: 429, RetryAfter: time.Second,
 		MaxBodyBytes: 1, UpstreamTimeout: time.Second, ConnectTimeout: time.Second,
 		ReadyCheck: func() error { return errors.New("NATS not connected") }})
 	if err != nil {
@@ -542,6 +547,7 @@ func TestConfigValidate(t *testing.T) {
 		{"nil busy list", func(c *Config) { c.BusyList = nil }},
 		{"nil registry", func(c *Config) { c.Registry = nil }},
 		{"reject status 500", func(c *Config) { c.RejectStatus = 500 }},
+		{"shed status 200", func(c *Config) { c.ShedStatus = 200 }},
 		{"zero retry-after", func(c *Config) { c.RetryAfter = 0 }},
 		{"zero body", func(c *Config) { c.MaxBodyBytes = 0 }},
 		{"negative timeout", func(c *Config) { c.UpstreamTimeout = -time.Second }},
@@ -558,6 +564,69 @@ func TestConfigValidate(t *testing.T) {
 			}
 			if _, err := New(c); !errors.Is(err, ErrInvalidConfig) {
 				t.Errorf("New() = %v", err)
+			}
+		})
+	}
+}
+
+// TestRegistryNotRead: while the registry has not been read, a request is
+// answered "no workers available" saying so, not "no worker is registered"
+// (an operator would look for a missing engine).
+func TestRegistryNotRead(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	cfg.BusyList, cfg.Registry = notReady{}, notReadyRegistry{}
+	rt, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	rt.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, PathCompletions, strings.NewReader(`{"model":"m","prompt":"hi"}`)))
+	body := rec.Body.String()
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(body, "no workers available") ||
+		!strings.Contains(body, "has not been read yet") || strings.Contains(body, "no worker is registered") {
+		t.Errorf("got %d %s; want 503 saying the registry has not been read", rec.Code, body)
+	}
+}
+
+// TestMigratableHeader: only a request whose stream the router can
+// continue is marked migratable; a client cannot mark one itself.
+func TestMigratableHeader(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		limit int
+		body  string
+		want  string
+	}{
+		{"streamed completion, migration on", 2, `{"model":"m","prompt":"hi","stream":true}`, "1"},
+		{"streamed completion, migration off", 0, `{"model":"m","prompt":"hi","stream":true}`, ""},
+		{"not streamed", 2, `{"model":"m","prompt":"hi"}`, ""},
+		{"prompt list", 2, `{"model":"m","prompt":["a","b"],"stream":true}`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := newTestEnv(t, envOptions{config: func(c *Config) { c.MigrationLimit = tc.limit }})
+			e := jsonEngine(t, "a")
+			env.putWorker(t, "m", 1, e.srv.URL)
+			env.putRecord(t, "m", []uint64{1}, nil, time.Now())
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, env.front.URL+PathCompletions, strings.NewReader(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set(events.MigratableHeader, "1") // the client's own: never passed on
+			resp, err := env.front.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			readAll(t, resp)
+			reqs := e.requests()
+			if len(reqs) != 1 {
+				t.Fatalf("engine saw %d requests (status %d)", len(reqs), resp.StatusCode)
+			}
+			if got := reqs[0].header.Get(events.MigratableHeader); got != tc.want {
+				t.Errorf("%s = %q, want %q", events.MigratableHeader, got, tc.want)
 			}
 		})
 	}

@@ -7,9 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"time"
+
+	"github.com/workermon/workermon/admission"
 )
 
 // Streams.
@@ -193,9 +194,10 @@ func (ex *exchange) stream(up *upstream, mig *migration) {
 				err, rt.cfg.MigrationLimit))
 			return
 		}
-		if !slices.Contains(ex.tried, up.worker.WorkerID) {
-			ex.tried = append(ex.tried, up.worker.WorkerID)
-		}
+		// Only the worker that cut the stream is left out: the earlier ones
+		// served their segments (a cut at the rescheduler's request is no
+		// fault), and one that cannot be reached now is dropped by dispatch.
+		ex.tried = append(ex.tried[:0], up.worker.WorkerID)
 		next := ex.migrate(st, up, err)
 		if next == nil {
 			return
@@ -318,13 +320,13 @@ func (ex *exchange) migrate(st *streamState, cut *upstream, cause error) *upstre
 	}
 	var lastErr error
 	for range maxMigrationAttempts {
-		d := rt.cfg.BusyList.Decide(ex.model)
+		d := rt.cfg.BusyList.DecideClass(ex.model, ex.class)
 		if !d.Admit {
 			lastErr = errors.New("every worker of the model is busy")
 			break
 		}
 		cands := d.Candidates(nil, rt.cfg.Registry.Endpoints(ex.model))
-		up, err := ex.dispatch(body, cands, true)
+		up, err := ex.dispatch(body, cands, true, st.migrations < rt.cfg.MigrationLimit)
 		if err != nil {
 			if ex.r.Context().Err() != nil {
 				ex.clientGone()
@@ -353,15 +355,9 @@ func (ex *exchange) migrate(st *streamState, cut *upstream, cause error) *upstre
 
 // endWithError ends the client's stream with an error event and [DONE].
 func (ex *exchange) endWithError(msg string) {
-	ev, err := json.Marshal(struct {
-		Error errorBody `json:"error"`
-	}{errorBody{Message: msg, Type: typeUpstream, Code: http.StatusBadGateway}})
-	if err != nil {
-		panic(err) // strings and an int always marshal
-	}
 	var b bytes.Buffer
 	b.WriteString("data: ")
-	b.Write(ev)
+	b.Write(admission.ErrorEvent(http.StatusBadGateway, typeUpstream, msg))
 	b.WriteString("\n\ndata: [DONE]\n\n")
 	ex.write(b.Bytes())
 }

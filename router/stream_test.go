@@ -173,6 +173,14 @@ func TestMigration(t *testing.T) {
 			if !slices.Equal(res.finish, []string{"length"}) {
 				t.Errorf("finish reasons %v", res.finish)
 			}
+			// Every segment may be cut again while migrations remain (§12).
+			for _, e := range []*engine{a, b} {
+				for _, r := range e.requests() {
+					if got := r.header.Get(events.MigratableHeader); got != "1" {
+						t.Errorf("engine request %v: %s = %q, want 1", r.body["prompt"], events.MigratableHeader, got)
+					}
+				}
+			}
 
 			// One engine got the original request, the other the continuation.
 			first, second := a, b
@@ -497,5 +505,30 @@ func TestPickPowerOfTwo(t *testing.T) {
 	}
 	if seen[1] != 0 || seen[2] == 0 || seen[3] == 0 {
 		t.Errorf("picks %v", seen)
+	}
+}
+
+// TestMigrationBackToAnEarlierWorker: two workers cut the stream in turn
+// (as a rescheduler may ask each): the stream goes back to a worker that
+// cut it before, never to the one that just did, and completes.
+func TestMigrationBackToAnEarlierWorker(t *testing.T) {
+	t.Parallel()
+	const model = "m"
+	env := newTestEnv(t, envOptions{config: func(c *Config) { c.MigrationLimit = 4 }})
+	me := &migratingEngine{cuts: 3}
+	a, b := newEngine(t, me.handle), newEngine(t, me.handle)
+	env.putWorker(t, model, 1, a.srv.URL)
+	env.putWorker(t, model, 2, b.srv.URL)
+	env.putRecord(t, model, []uint64{1, 2}, nil, time.Now())
+	resp := env.post(t, PathCompletions, `{"model":"`+model+`","prompt":"Say:","max_tokens":20,"stream":true}`)
+	raw := readAll(t, resp)
+	res := parseStream(t, raw)
+	if res.done != 1 || len(res.errors) != 0 || res.text != "<1-a><1-b><2-a><2-b><3-a><3-b><end>" {
+		t.Fatalf("client stream %q", raw)
+	}
+	// Four segments alternating between the two workers.
+	na, nb := len(a.requests()), len(b.requests())
+	if na+nb != 4 || na != 2 || nb != 2 {
+		t.Errorf("segments: %d on worker 1, %d on worker 2; want 2 and 2, alternating", na, nb)
 	}
 }

@@ -8,10 +8,10 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/natsconn"
 	"github.com/workermon/workermon/publisher"
+	"github.com/workermon/workermon/registry"
 )
 
 // EngineConfig is the capacity and speed of a simulated engine's ranks.
@@ -63,8 +63,8 @@ func (c EngineConfig) check(errs *configErrors, ranks uint32) {
 	if c.KVBlocks < 1 {
 		bad("KVBlocks", "%d is below 1", c.KVBlocks)
 	}
-	if c.BlockSize < 1 {
-		bad("BlockSize", "%d is below 1", c.BlockSize)
+	if c.BlockSize < 1 || c.BlockSize > 1<<16 {
+		bad("BlockSize", "%d is not in [1, 65536]", c.BlockSize)
 	}
 	if c.MaxNumBatchedTokens < 1 {
 		bad("MaxNumBatchedTokens", "%d is below 1", c.MaxNumBatchedTokens)
@@ -130,6 +130,10 @@ type PublishConfig struct {
 	Debounce time.Duration
 	// RegistryRefresh is how often the registry entry is written again.
 	RegistryRefresh time.Duration
+	// Disabled keeps the worker off NATS: it reports no load and registers
+	// nothing, as a stock engine does; `workermon scrape` then reads its
+	// vLLM-shaped /metrics page and publishes for it.
+	Disabled bool
 }
 
 // DefaultPublishConfig returns the publisher's defaults.
@@ -138,7 +142,7 @@ func DefaultPublishConfig() PublishConfig {
 		SubjectPrefix:   events.DefaultSubjectPrefix,
 		Heartbeat:       publisher.DefaultHeartbeat,
 		Debounce:        publisher.DefaultDebounce,
-		RegistryRefresh: busylist.RegistryRefresh,
+		RegistryRefresh: registry.Refresh,
 	}
 }
 
@@ -154,8 +158,8 @@ func (c PublishConfig) check(errs *configErrors) {
 	if c.Debounce <= 0 || c.Debounce >= c.Heartbeat {
 		bad("Debounce", "%v is not positive and shorter than the heartbeat", c.Debounce)
 	}
-	if c.RegistryRefresh <= 0 || c.RegistryRefresh >= busylist.RegistryTTL {
-		bad("RegistryRefresh", "%v is not in (0, %v)", c.RegistryRefresh, busylist.RegistryTTL)
+	if c.RegistryRefresh <= 0 || c.RegistryRefresh >= registry.TTL {
+		bad("RegistryRefresh", "%v is not in (0, %v)", c.RegistryRefresh, registry.TTL)
 	}
 }
 

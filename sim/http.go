@@ -26,6 +26,7 @@ func (w *Worker) routes() http.Handler {
 	mux.HandleFunc("POST /v1/chat/completions", w.serveJob(w.chatJob))
 	mux.HandleFunc("GET /v1/models", w.handleModels)
 	mux.HandleFunc("GET /health", w.handleHealth)
+	mux.HandleFunc("GET /metrics", w.handleMetrics) // vLLM-shaped, for workermon scrape
 	return w.track(mux)
 }
 
@@ -71,11 +72,11 @@ func (w *Worker) completionJob(rw http.ResponseWriter, r *http.Request) (job, *a
 	if err := w.decode(rw, r, &req, &req.requestOptions); err != nil {
 		return job{}, err
 	}
-	prompt, err := parsePrompt(req.Prompt)
+	prompt, tokens, err := parsePrompt(req.Prompt)
 	if err != nil {
 		return job{}, err
 	}
-	j := job{promptTokens: promptTokens(prompt), start: continuation(prompt)}
+	j := job{promptTokens: tokens, start: continuation(prompt)}
 	if err := w.checkCommon(&j, req.requestOptions, req.MaxTokens, "max_tokens"); err != nil {
 		return job{}, err
 	}
@@ -191,7 +192,13 @@ func (w *Worker) generate(rw http.ResponseWriter, r *http.Request, j job) {
 	}
 	id := prefix + strconv.FormatUint(w.cfg.WorkerID, 10) + "-" + strconv.FormatUint(w.ids.Add(1), 10)
 	if j.stream {
-		finished = w.stream(ctx, rw, j, req, id)
+		var cut <-chan struct{}
+		if markedMigratable(r) {
+			var done func()
+			cut, done = w.registerCuttable()
+			defer done()
+		}
+		finished = w.stream(ctx, rw, j, req, id, cut)
 	} else {
 		finished = w.complete(ctx, rw, j, req, id)
 	}
@@ -225,7 +232,11 @@ func (w *Worker) complete(ctx context.Context, rw http.ResponseWriter, j job, re
 
 // stream writes the answer as server-sent events, one token per chunk, as
 // the engine generates them. It reports whether the request ran to its end.
-func (w *Worker) stream(ctx context.Context, rw http.ResponseWriter, j job, req *request, id string) bool {
+//
+// A cut (a migrate request; nil: never) ends the stream at once, without
+// [DONE] or a finish reason: the request is not finished, and the caller
+// cancels it in the engine.
+func (w *Worker) stream(ctx context.Context, rw http.ResponseWriter, j job, req *request, id string, cut <-chan struct{}) bool {
 	h := rw.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -248,6 +259,8 @@ func (w *Worker) stream(ctx context.Context, rw http.ResponseWriter, j job, req 
 		case <-ctx.Done():
 			return false
 		case <-w.stopped:
+			return false
+		case <-cut:
 			return false
 		}
 		if !done {

@@ -251,3 +251,20 @@ func TestModelsAndHealth(t *testing.T) {
 		t.Errorf("health status %d", resp.StatusCode)
 	}
 }
+
+// TestTokenIDPrompt: a prompt of token ids counts one token per id.
+func TestTokenIDPrompt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	w := startWorker(t, workerConfig(e.srv))
+	resp := post(t, t.Context(), w.Endpoint()+"/v1/completions",
+		map[string]any{"model": w.Model(), "prompt": []int{5, 6, 7, 8, 9, 10, 11}, "max_tokens": 2})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	m := decodeJSON(t, resp)
+	usage, _ := m["usage"].(map[string]any)
+	if usage["prompt_tokens"] != float64(7) {
+		t.Fatalf("usage %v, want 7 prompt tokens", m["usage"])
+	}
+}

@@ -236,22 +236,28 @@ func continuation(text string) int {
 	return n + 1
 }
 
-// parsePrompt returns the prompt of a completion request: a string, or an
-// array of exactly one string.
-func parsePrompt(raw json.RawMessage) (string, *apiError) {
+// parsePrompt returns a completion prompt's text and its tokens: a string,
+// or an array of one string, counts promptTokens(text); an array of token
+// ids (what a tokenizing client or router sends) counts one token per id,
+// with no text to continue from.
+func parsePrompt(raw json.RawMessage) (text string, tokens int, _ *apiError) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return "", badRequest("prompt", "prompt is required")
+		return "", 0, badRequest("prompt", "prompt is required")
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err == nil {
-		return s, nil
+		return s, promptTokens(s), nil
 	}
 	var list []string
 	if err := json.Unmarshal(raw, &list); err == nil && len(list) == 1 {
-		return list[0], nil
+		return list[0], promptTokens(list[0]), nil
 	}
-	return "", badRequest("prompt", "prompt must be a string or an array of one string")
+	var ids []uint32
+	if err := json.Unmarshal(raw, &ids); err == nil && len(ids) > 0 {
+		return "", len(ids), nil
+	}
+	return "", 0, badRequest("prompt", "prompt must be a string, an array of one string, or an array of token ids")
 }
 
 // parseMessages returns the text a chat request's messages count for, as

@@ -108,7 +108,9 @@ func TestCancelFreesAtOnce(t *testing.T) {
 	in.waitReport(t, "freed blocks", func(r events.LoadReport) bool {
 		return r.ActiveDecodeBlocks.Value == 0 && r.ActivePrefillTokens.Value == 0
 	})
-	if took := time.Since(start); took > 2*time.Second {
+	// Finishing the 500 tokens would take 50 s: a bound of 10 s tells a
+	// freed request from a finished one on a machine however loaded.
+	if took := time.Since(start); took > 10*time.Second {
 		t.Errorf("blocks freed %v after the cancellation", took)
 	}
 	waitUntil(t, "cancellation counted", func() bool {

@@ -43,6 +43,16 @@
 // continued elsewhere with the text so far (as the router's migration does)
 // produces exactly the text one worker would have.
 //
+// # Metrics
+//
+// Every Worker also serves GET /metrics: the part of vLLM's Prometheus page
+// that `workermon scrape --engine vllm` reads, from the engine loop's last
+// snapshot (per rank, engine label = the rank: vllm:kv_cache_usage_perc =
+// blocks filled / blocks in total, vllm:cache_config_info with
+// num_gpu_blocks and block_size, requests running and waiting). With
+// PublishConfig.Disabled a Worker stays off NATS, as a stock engine does,
+// and a scrape sidecar publishes for it.
+//
 // # Faults
 //
 // Worker.Kill simulates a crash: the HTTP server and the NATS connection are

@@ -28,6 +28,7 @@ type WorkerStats struct {
 	Served    uint64 // requests completed
 	Cancelled uint64 // requests whose client went away before the end
 	Rejected  uint64 // requests refused with an error status
+	Migrated  uint64 // streams cut at the rescheduler's request
 	InFlight  int    // requests waiting or running
 	Ranks     []RankStats
 }
@@ -53,6 +54,7 @@ func (w *Worker) Stats() WorkerStats {
 		Served:    s.served,
 		Cancelled: s.cancelled,
 		Rejected:  w.rejected.Load(),
+		Migrated:  w.migrated.Load(),
 		InFlight:  s.inFlight,
 		Ranks:     slices.Clone(s.ranks),
 	}

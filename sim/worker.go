@@ -50,6 +50,7 @@ type Worker struct {
 
 	stats    atomic.Pointer[engineStats]
 	rejected atomic.Uint64
+	migrated atomic.Uint64 // streams cut for the rescheduler
 	ids      atomic.Uint64
 	state    atomic.Int32
 	bootID   atomic.Uint64
@@ -58,6 +59,11 @@ type Worker struct {
 	hmu      sync.Mutex
 	down     bool
 	handlers sync.WaitGroup
+
+	// The cut channels of the running streams a migrate request may cut,
+	// oldest first; closing one cuts its stream.
+	cutMu     sync.Mutex
+	cuttables []chan struct{}
 
 	// life serializes Mute, Unmute, Kill and Close.
 	life     sync.Mutex
@@ -270,8 +276,11 @@ func (w *Worker) Close(ctx context.Context) error {
 }
 
 // attach connects to NATS and starts a publisher that reports every rank's
-// last load at once.
+// last load at once; with Publish.Disabled it does nothing.
 func (w *Worker) attach(ctx context.Context) error {
+	if w.cfg.Publish.Disabled {
+		return nil
+	}
 	natsCfg := w.cfg.NATS
 	if natsCfg.Name == natsconn.DefaultName || natsCfg.Name == "" {
 		natsCfg.Name = "workermon-sim-" + strconv.FormatUint(w.cfg.WorkerID, 10)
@@ -280,10 +289,19 @@ func (w *Worker) attach(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("sim: connect worker %d: %w", w.cfg.WorkerID, err)
 	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err = natsconn.CheckServer(cctx, nc)
+	cancel()
+	if err != nil {
+		nc.Close()
+		return err
+	}
 	quiet := new(atomic.Bool)
 	opts := append(w.cfg.Publish.options(),
 		publisher.WithRanks(w.cfg.DPStart, w.cfg.Ranks),
 		publisher.WithEndpoint(w.endpoint),
+		publisher.WithBlockSize(uint32(w.cfg.Engine.BlockSize)),
+		publisher.WithMigrateHandler(w.migrate),
 		publisher.WithLogger(slog.New(quietHandler{h: w.log.Handler(), quiet: quiet})))
 	pub, err := publisher.New(nc, w.cfg.Model, w.cfg.WorkerID, opts...)
 	if err != nil {

@@ -267,9 +267,10 @@ func TestThresholdsAPIErrors(t *testing.T) {
 	}
 }
 
-// TestThresholdsShared runs two monitors on one NATS server: an override
-// set through one is seen and applied by the other, and a delete through
-// the other reaches the first.
+// TestThresholdsShared runs two monitors on one NATS server, one holding
+// the partition and the other a standby: an override set through one is
+// listed by the other and applied to the record, and a delete through the
+// other reaches the first.
 func TestThresholdsShared(t *testing.T) {
 	t.Parallel()
 	first := testService(t, longLived)
@@ -291,11 +292,11 @@ func TestThresholdsShared(t *testing.T) {
 	if m, ok := effectiveOf(t, second, e2eModel); !ok || !m.Equal(want) {
 		t.Fatalf("second lists %+v, %v; want %+v", m, ok, want)
 	}
-	// The second monitor applies it too (through its watcher).
-	natstest.WaitFor(t, 5*time.Second, "second monitor applies the override", func() bool {
-		code, _, body := call(t, second, "GET", "/busy?model="+e2eModel, "", "")
-		return code == http.StatusOK && strings.Contains(string(body), `"busy":[3]`) &&
-			strings.Contains(string(body), `"active_decode_blocks_threshold":0.25`)
+	// The monitor that holds the model's partition (either) applies it.
+	_, busy := connect(t, first.natsURL)
+	natstest.WaitFor(t, 5*time.Second, "the override applied to the record", func() bool {
+		rec, ok := record(t, busy, e2eModel)
+		return ok && slices.Equal(rec.Busy, []uint64{3}) && rec.Thresholds.Equal(want)
 	})
 
 	if code, _, body := call(t, second, "DELETE", "/busy_threshold?model="+e2eModel, "", ""); code != http.StatusOK {
@@ -304,9 +305,9 @@ func TestThresholdsShared(t *testing.T) {
 	if m, _ := effectiveOf(t, first, e2eModel); !m.Equal(events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8)}) {
 		t.Fatalf("first lists %+v after the delete", m)
 	}
-	natstest.WaitFor(t, 5*time.Second, "first monitor back to the defaults", func() bool {
-		_, _, body := call(t, first, "GET", "/busy?model="+e2eModel, "", "")
-		return strings.Contains(string(body), `"free":[3]`) && strings.Contains(string(body), `"active_decode_blocks_threshold":0.8`)
+	natstest.WaitFor(t, 5*time.Second, "the record back to the defaults", func() bool {
+		rec, ok := record(t, busy, e2eModel)
+		return ok && slices.Equal(rec.Free, []uint64{3}) && rec.Thresholds.Equal(events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8)})
 	})
 }
 

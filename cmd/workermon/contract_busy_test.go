@@ -272,7 +272,7 @@ func TestContractDP(t *testing.T) {
 // TestContractSources covers several sources for one worker (DESIGN §3).
 func TestContractSources(t *testing.T) {
 	t.Parallel()
-	_, c, kv := startMonitorKV(t, monOpt{flags: long(stateFlags...)})
+	m, c, kv := startMonitorKV(t, monOpt{flags: long(stateFlags...)})
 	_, cs, kvs := startMonitorKV(t, monOpt{flags: stateFlags}) // --stale-after 1s
 
 	t.Run("max_over_sources_router_high", func(t *testing.T) {
@@ -284,6 +284,32 @@ func TestContractSources(t *testing.T) {
 		rt := newPub(t, c, model, 1).withSource("router/r1")
 		rt.report(0, f("active_prefill_tokens", 150))
 		waitLists(t, kv, model, lists{busy: u64s(1)})
+	})
+	t.Run("sum_over_routers", func(t *testing.T) {
+		t.Parallel()
+		model := newModel(t)
+		e := newPub(t, c, model, 11)
+		e.report(0, f("active_prefill_tokens", 30))
+		waitLists(t, kv, model, lists{free: u64s(11)})
+		// Each router sees its share: 60 and 50 are each below 100, their
+		// sum is above it, and above the engine's 30 (§11).
+		newPub(t, c, model, 11).withSource("router/a").report(0, f("active_prefill_tokens", 60))
+		checkWhere(t, c, model, 11, "free", "one router's 60 made the worker busy")
+		newPub(t, c, model, 11).withSource("router/b").report(0, f("active_prefill_tokens", 50))
+		waitRecord(t, kv, model, "worker 11 busy", func(r record) bool { return r.has("busy", 11) })
+	})
+	t.Run("routers_only_on_est_subjects", func(t *testing.T) {
+		t.Parallel()
+		model := newModel(t)
+		e := newPub(t, c, model, 12)
+		e.report(0, f("active_prefill_tokens", 30))
+		waitLists(t, kv, model, lists{free: u64s(12)})
+		before := m.rejected(t, "source_not_allowed")
+		rt := newPub(t, c, model, 12).withSource("router/r1")
+		publish(t, c.nc, loadSubject(model, 12, 0), enc(t, rt.msg(0, f("active_prefill_tokens", 500))))
+		publish(t, c.nc, estSubject(model, 12, 0), enc(t, e.msg(0, f("active_prefill_tokens", 500))))
+		checkWhere(t, c, model, 12, "free", "a router on a load subject, or an engine on an est subject, was heard")
+		m.waitRejected(t, "source_not_allowed", before+2)
 	})
 	t.Run("router_low_estimate_does_not_hide_engine", func(t *testing.T) {
 		t.Parallel()

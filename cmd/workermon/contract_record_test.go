@@ -333,12 +333,21 @@ func testRestartWarmupEpoch(t *testing.T, hard bool) {
 	const warm = 2 * time.Second
 	t0 := time.Now()
 	m2, _, kv2 := startMonitorKV(t, monOpt{dataDir: dataDir, natsAddr: natsAddr, flags: []string{"--active-prefill-tokens-threshold", "100", "--warmup", warm.String()}})
-	first, ok := getRecord(t, kv2, model)
+	before, ok := getRecord(t, kv, model)
 	if !ok {
 		t.Fatalf("record lost across the restart")
 	}
-	if first.u64("epoch") != e1 {
-		t.Errorf("first record after restart has epoch %d, want the old %d (no write during warm-up)", first.u64("epoch"), e1)
+	// The new monitor takes the lease (after a SIGKILL, once the old one is
+	// seen unchanged for --lease-ttl) and claims the record (DESIGN §10):
+	// the same record under the new epoch, seq 1, its updated_at kept;
+	// nothing else is written during the warm-up that follows.
+	first := waitRecordFor(t, kv2, model, "the takeover's claim", 5*time.Second, func(r record) bool { return r.u64("epoch") > e1 })
+	t0 = time.Now()
+	if first.u64("epoch") != e1+1 || first.u64("seq") != 1 {
+		t.Errorf("record after the restart's claim: epoch %d seq %d, want epoch %d seq 1", first.u64("epoch"), first.u64("seq"), e1+1)
+	}
+	if first.i64("updated_at") != before.i64("updated_at") || !slices.Equal(first.busy(), before.busy()) || !slices.Equal(first.free(), before.free()) {
+		t.Errorf("the claim changed the record: %v, before the restart %v", first, before)
 	}
 	for time.Since(t0) < warm-150*time.Millisecond {
 		r, ok := getRecord(t, kv2, model)
@@ -351,7 +360,8 @@ func testRestartWarmupEpoch(t *testing.T, hard bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	r2 := waitRecordFor(t, kv2, model, "first write of the new monitor", warm+3*time.Second, func(r record) bool { return r.rev != first.rev })
-	if el := time.Since(t0); el < warm {
+	// t0 is when the claim was seen, a poll after it was made.
+	if el := time.Since(t0); el < warm-100*time.Millisecond {
 		t.Errorf("first write %v after start, before --warmup %v", el, warm)
 	}
 	if e2 := r2.u64("epoch"); e2 <= e1 {

@@ -285,7 +285,7 @@ func checkNoWorkers(t testing.TB, what string, h httpResp) {
 // checkAllBusy checks the exact rejection of DESIGN §7.
 func checkAllBusy(t testing.TB, what string, h httpResp, status int) {
 	t.Helper()
-	want := strings.Replace(allBusyBody, `"code":503`, fmt.Sprintf(`"code":%d`, status), 1)
+	want := strings.ReplaceAll(allBusyBody, `"code":503`, fmt.Sprintf(`"code":%d`, status))
 	if h.code != status || string(h.body) != want {
 		t.Errorf("%s: got %d %q, want %d %q", what, h.code, h.body, status, want)
 	}
@@ -324,7 +324,7 @@ func waitStatus(t testing.TB, base, path, model string, want int, within time.Du
 // all-busy rejection (it has seen the record and the registrations).
 func waitAllBusy(t testing.TB, base, path, model string, status int) httpResp {
 	t.Helper()
-	want := strings.Replace(allBusyBody, `"code":503`, fmt.Sprintf(`"code":%d`, status), 1)
+	want := strings.ReplaceAll(allBusyBody, `"code":503`, fmt.Sprintf(`"code":%d`, status))
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		h := completion(t, base, path, model)

@@ -51,7 +51,9 @@ const (
 	thrBucket     = "workermon-thresholds"
 	workersBucket = "workermon-workers"
 
-	allBusyBody = `{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","code":503}`
+	tLeaseTTL = 300 * time.Millisecond
+
+	allBusyBody = `{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","code":503,"error":{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","param":null,"code":503}}`
 )
 
 var (
@@ -303,7 +305,7 @@ func tryStartMonitor(t testing.TB, o monOpt) (*monitor, error) {
 	}
 	args := []string{"serve", "--http-addr", m.httpAddr, "--data-dir", m.dataDir,
 		"--warmup", tWarmup.String(), "--heartbeat", tHeartbeat.String(),
-		"--stale-after", tStaleAfter.String(), "--gone-after", tGoneAfter.String()}
+		"--stale-after", tStaleAfter.String(), "--gone-after", tGoneAfter.String(), "--lease-ttl", tLeaseTTL.String()}
 	var env []string
 	if o.natsURL != "" && o.natsEnv {
 		m.natsURL = o.natsURL
@@ -494,6 +496,19 @@ func byeSubject(model string, worker uint64) string {
 	return fmt.Sprintf("%s.bye.%s.%d", prefix, modelKey(model), worker)
 }
 
+// estSubject and estByeSubject are where a router's estimates and goodbye
+// go (§11): routers are accepted only there.
+func estSubject(model string, worker uint64, rank uint32) string {
+	return fmt.Sprintf("%s.est.%s.%d.%d", prefix, modelKey(model), worker, rank)
+}
+
+func estByeSubject(model string, worker uint64) string {
+	return fmt.Sprintf("%s.est.%s.%d.bye", prefix, modelKey(model), worker)
+}
+
+// router reports whether this publisher is a router's estimator.
+func (p *pub) router() bool { return strings.HasPrefix(p.source, "router/") }
+
 // msg builds a report map for rank (no publication); seq is taken from the counter.
 func (p *pub) msg(rank uint32, fields map[string]any) map[string]any {
 	p.mu.Lock()
@@ -523,7 +538,11 @@ func (p *pub) msg(rank uint32, fields map[string]any) map[string]any {
 // report publishes one load report for rank.
 func (p *pub) report(rank uint32, fields map[string]any) map[string]any {
 	m := p.msg(rank, fields)
-	publish(p.t, p.nc, loadSubject(p.model, p.worker, rank), enc(p.t, m))
+	subject := loadSubject(p.model, p.worker, rank)
+	if p.router() {
+		subject = estSubject(p.model, p.worker, rank)
+	}
+	publish(p.t, p.nc, subject, enc(p.t, m))
 	return m
 }
 
@@ -544,7 +563,11 @@ func (p *pub) bye(fields map[string]any) {
 		}
 		m[k] = v
 	}
-	publish(p.t, p.nc, byeSubject(p.model, p.worker), enc(p.t, m))
+	subject := byeSubject(p.model, p.worker)
+	if p.router() {
+		subject = estByeSubject(p.model, p.worker)
+	}
+	publish(p.t, p.nc, subject, enc(p.t, m))
 }
 
 func publish(t testing.TB, nc *nats.Conn, subject string, data []byte) {

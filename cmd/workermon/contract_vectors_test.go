@@ -3,11 +3,17 @@ package main_test
 import (
 	"encoding/hex"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/workermon/workermon/internal/natstest"
 )
 
 // The shared test vectors (DESIGN §2–3), made by another language's msgpack
@@ -59,18 +65,28 @@ func TestContractVectorsValid(t *testing.T) {
 		}
 		t.Run(v.Name, func(t *testing.T) {
 			t.Parallel()
-			_, c, kv := startMonitorKV(t, monOpt{flags: long("--active-decode-blocks-threshold", "0.5")})
+			m, c, kv := startMonitorKV(t, monOpt{flags: long("--active-decode-blocks-threshold", "0.5")})
 			data, err := hex.DecodeString(v.Hex)
 			if err != nil {
 				t.Fatal(err)
 			}
-			publish(t, c.nc, v.Subject, data)
 			tok := strings.Split(v.Subject, ".")
 			wid := tok[len(tok)-2]
 			model := v.Expect["model"]
 			if model == nil {
 				model = "Qwen/Qwen3-0.6B"
 			}
+			if tok[1] == "est" {
+				// A router's estimate adds load to a worker an engine
+				// reports; alone it lists nothing (estimates are not
+				// liveness): the engine reports first.
+				id, err := strconv.ParseUint(wid, 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				newPub(t, c, model.(string), id).withDP(2, 4).report(2, f("active_decode_blocks", 0, "kv_total_blocks", 100))
+			}
+			publish(t, c.nc, v.Subject, data)
 			r := waitRecord(t, kv, model.(string), "worker "+wid+" listed", func(r record) bool {
 				for _, l := range []string{"busy", "free", "stale"} {
 					for _, id := range r.ids(l) {
@@ -81,6 +97,18 @@ func TestContractVectorsValid(t *testing.T) {
 				}
 				return false
 			})
+			if src, ok := v.Expect["source"].(string); ok {
+				// The source's state is at the monitor.
+				natstest.WaitFor(t, 5*time.Second, "source "+src+" in GET /loads", func() bool {
+					resp, err := http.Get(m.base + "/loads?model=" + url.QueryEscape(model.(string)))
+					if err != nil {
+						return false
+					}
+					defer resp.Body.Close()
+					b, _ := io.ReadAll(resp.Body)
+					return strings.Contains(string(b), `"`+src+`"`)
+				})
+			}
 			if adb, ok := v.Expect["active_decode_blocks"].(json.Number); ok && adb.String() == "80" {
 				if r.reasons()[wid] != "kv" {
 					t.Errorf("80/100 blocks under threshold 0.5: want busy with reason kv: %v", r)

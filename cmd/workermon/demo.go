@@ -11,7 +11,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/workermon/workermon/busylist"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/workermon/workermon/admission"
+	"github.com/workermon/workermon/board"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/loadgen"
 	"github.com/workermon/workermon/sim"
@@ -35,18 +38,23 @@ const (
 	DefaultDemoPrefillThreshold = 1536
 	// DefaultDemoInterval is how often the live summary is printed.
 	DefaultDemoInterval = 2 * time.Second
+	// DefaultDemoPriorityMix is the priorities of the demo's requests
+	// (contract §15): half sheddable, a tenth critical.
+	DefaultDemoPriorityMix = "-1=0.5,0=0.4,1=0.1"
 )
 
 // demoOptions is everything `workermon demo` can be told.
 type demoOptions struct {
-	serve    serveOptions
-	router   routerOptions
-	fleet    sim.FleetConfig
-	load     loadgen.Config
-	noLoad   bool
-	duration time.Duration
-	interval time.Duration
-	log      logOptions
+	serve      serveOptions
+	router     routerOptions
+	fleet      sim.FleetConfig
+	load       loadgen.Config
+	noLoad     bool
+	reschedule bool
+	mix        string // --priority-mix
+	duration   time.Duration
+	interval   time.Duration
+	log        logOptions
 }
 
 func defaultDemoOptions() demoOptions {
@@ -56,6 +64,7 @@ func defaultDemoOptions() demoOptions {
 		fleet:    sim.DefaultFleetConfig(),
 		load:     loadgen.DefaultConfig(),
 		interval: DefaultDemoInterval,
+		mix:      DefaultDemoPriorityMix,
 		log:      logOptions{level: "warn", format: "text"},
 	}
 	o.serve.embedded.DataDir = "" // a fresh temporary store, removed at exit
@@ -85,7 +94,13 @@ func (o *demoOptions) flags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.load.MinRPS, "min-rps", o.load.MinRPS, "lowest request rate of the ramp")
 	fs.Float64Var(&o.load.MaxRPS, "max-rps", o.load.MaxRPS, "highest request rate of the ramp")
 	fs.DurationVar(&o.load.Period, "period", o.load.Period, "one cycle of the ramp, up and down")
+	fs.Float64Var(&o.serve.monitor.ReleaseMargin, "release-margin", o.serve.monitor.ReleaseMargin,
+		"hysteresis of the busy rules in [0, 1) (0: off); the summary counts all_busy changes")
+	fs.BoolVar(&o.reschedule, "reschedule", false,
+		"run the rescheduler (every second, decode_load and failover) and let the router continue cut streams")
 	fs.BoolVar(&o.noLoad, "no-load", false, "start no load generator (send your own requests to the router)")
+	fs.StringVar(&o.mix, "priority-mix", o.mix, `priorities of the load's requests, priority=share comma-separated ("": no header)`)
+	classFlags(fs, &o.serve.monitor)
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (0: run until Ctrl-C)")
 	fs.DurationVar(&o.interval, "interval", o.interval, "how often to print the summary")
 	o.log.flags(fs)
@@ -93,16 +108,17 @@ func (o *demoOptions) flags(fs *flag.FlagSet) {
 
 // demo is everything of `workermon demo`, running.
 type demo struct {
-	monitor *service
-	router  *routerService
-	fleet   *sim.Fleet
-	model   string
-	tmpDir  string
+	monitor    *service
+	router     *routerService
+	fleet      *sim.Fleet
+	model      string
+	reschedule bool
+	tmpDir     string
 }
 
 // startDemo starts NATS and the monitor, the fleet and the router.
 func startDemo(ctx context.Context, o demoOptions, log *slog.Logger) (_ *demo, err error) {
-	d := &demo{model: o.fleet.Model}
+	d := &demo{model: o.fleet.Model, reschedule: o.reschedule}
 	defer func() {
 		if err != nil {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultShutdownTimeout)
@@ -124,9 +140,12 @@ func startDemo(ctx context.Context, o demoOptions, log *slog.Logger) (_ *demo, e
 		return nil, err
 	}
 	o.router.natsURL = d.monitor.natsURL
-	if d.router, err = startRouter(o.router, log.With("part", "router"), newRegistry()); err != nil {
+	routerReg := newRegistry()
+	if d.router, err = startRouter(o.router, log.With("part", "router"), routerReg); err != nil {
 		return nil, err
 	}
+	// The monitor's board shows the router's rejections too.
+	d.monitor.boardCounts.set(board.GatheredCounts(routerReg))
 	return d, nil
 }
 
@@ -162,6 +181,15 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		ctx, cancel = context.WithTimeout(ctx, o.duration)
 		defer cancel()
 	}
+	if o.reschedule {
+		o.serve.resched.interval = time.Second
+		o.serve.resched.timeout = 500 * time.Millisecond
+		o.serve.resched.planner.Cooldown = time.Second
+		// The demo's workers are alike: a small gap lets the rescheduler
+		// even out the random imbalance of the load.
+		o.serve.resched.planner.BalanceGap = 0.02
+		o.router.router.MigrationLimit = max(o.router.router.MigrationLimit, 2)
+	}
 	d, err := startDemo(ctx, o, log)
 	if err != nil {
 		return err
@@ -175,6 +203,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}()
 	d.banner(stdout, o)
 
+	if o.load.PriorityMix, err = loadgen.ParsePriorityMix(o.mix); err != nil {
+		return fmt.Errorf("%w: --priority-mix: %w", errUsage, err)
+	}
 	o.load.Target = "http://" + d.router.httpAddr
 	o.load.Models = []string{o.fleet.Model}
 	var gen *loadgen.Generator
@@ -198,6 +229,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		select {
 		case <-ctx.Done():
 			<-genDone
+			fmt.Fprintln(stdout, d.summary(gen))
 			fmt.Fprintln(stdout, "stopping: router, workers (goodbyes), monitor, NATS")
 			return nil
 		case <-tick.C:
@@ -208,6 +240,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 func (d *demo) banner(w io.Writer, o demoOptions) {
 	m, r := d.monitor.httpAddr, d.router.httpAddr
+	fmt.Fprintf(w, "board: http://%s/   (live; the router's view: http://%s/)\n\n", m, r)
 	fmt.Fprintf(w, `workermon demo — NATS, monitor, %d simulated workers × %d ranks, router and load, in one process
 
   NATS         %s
@@ -242,10 +275,34 @@ func (d *demo) summary(gen *loadgen.Generator) string {
 		fmt.Fprintf(&b, "%s: no record yet", d.model)
 		return b.String()
 	}
-	fmt.Fprintf(&b, "%s busy %v free %v stale %v", d.model, rec.Busy, rec.Free, rec.Stale)
-	if d.router.watcher.Decide(d.model).Reason == busylist.ReasonAllBusy {
+	if gen != nil {
+		b.WriteString(classesCell(gen.Stats().Classes))
+	}
+	fmt.Fprintf(&b, "%s busy %v hard %v free %v amber %v stale %v | all_busy changes %g", d.model, rec.Busy, rec.Hard,
+		rec.Free, rec.Amber, rec.Stale, metricSum(d.monitor.reg, "workermon_all_busy_changes_total"))
+	if d.reschedule {
+		fmt.Fprintf(&b, " | migrated %g", metricSum(d.monitor.reg, "workermon_rescheduler_migrated_requests_total"))
+	}
+	if d.router.watcher.Decide(d.model).Reason == admission.ReasonAllBusy {
 		b.WriteString("  ALL BUSY → 503")
 	}
+	return b.String()
+}
+
+// classesCell renders the recent answers by priority class, per second:
+// "200/429/503 sheddable 3.1/2.0/0 standard 4.0/0/0 critical 1.0/0/0 | ".
+func classesCell(classes []loadgen.ClassStats) string {
+	if len(classes) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("200/429/503")
+	for _, c := range classes {
+		w := c.Window
+		secs := max(w.Duration.Seconds(), 0.001)
+		fmt.Fprintf(&b, " %s %.1f/%.1f/%.1f", c.Class, float64(w.OK)/secs, float64(w.TooMany)/secs, float64(w.Unavailable)/secs)
+	}
+	b.WriteString(" | ")
 	return b.String()
 }
 
@@ -254,4 +311,23 @@ func round(d time.Duration) string {
 		return "-"
 	}
 	return d.Round(10 * time.Millisecond).String()
+}
+
+// metricSum is the sum of a counter's or a gauge's series in reg (0 when
+// absent).
+func metricSum(reg prometheus.Gatherer, name string) float64 {
+	families, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
 }

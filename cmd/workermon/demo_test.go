@@ -87,11 +87,14 @@ func complete(t *testing.T, target, model string) int {
 func TestDemoCommandRuns(t *testing.T) {
 	var out strings.Builder
 	code := run([]string{"demo", "--embedded-nats-addr", "127.0.0.1:0", "--monitor-addr", "127.0.0.1:0", "--router-addr", "127.0.0.1:0",
-		"--duration", "6s", "--interval", "1s", "--workers", "1", "--max-rps", "5"}, &out, io.Discard)
+		"--duration", "6s", "--interval", "1s", "--workers", "1", "--max-rps", "5", "--reschedule", "--release-margin", "0.1"}, &out, io.Discard)
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, out.String())
 	}
-	for _, want := range []string{"monitor API", "router", "worker 1", "Qwen/Qwen3-0.6B busy", "stopping"} {
+	if !strings.HasPrefix(out.String(), "board: http://127.0.0.1:") {
+		t.Errorf("the banner does not begin with the board's URL:\n%s", out.String())
+	}
+	for _, want := range []string{"monitor API", "router", "worker 1", "Qwen/Qwen3-0.6B busy", "all_busy changes", "| migrated ", "stopping"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}

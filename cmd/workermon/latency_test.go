@@ -21,12 +21,14 @@ func BenchmarkReportToRecord(b *testing.B) {
 	o := defaultServeOptions()
 	o.embedded.Addr, o.embedded.DataDir, o.httpAddr = "127.0.0.1:0", b.TempDir(), "127.0.0.1:0"
 	o.writer.Warmup = 0
+	o.leaseTTL = 200 * time.Millisecond
 	o.monitor.Defaults = events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.5)}
 	svc, err := startService(context.Background(), o, slog.New(slog.DiscardHandler), newRegistry())
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer svc.Close(context.Background())
+	waitSettled(b, svc)
 	nc, err := nats.Connect(svc.natsURL)
 	if err != nil {
 		b.Fatal(err)

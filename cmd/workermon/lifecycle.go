@@ -12,6 +12,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
+	"sync"
 	"time"
 )
 
@@ -58,6 +60,13 @@ func closeWhenDone(ctx context.Context, log *slog.Logger, msg string, close func
 // differ.
 func instanceID() string {
 	host, _ := os.Hostname()
+	// Also a KV key token (--monitor-id): anything else becomes '-'.
+	host = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '-'
+	}, host)
 	var b [3]byte
 	_, _ = rand.Read(b[:])
 	return host + "-" + hex.EncodeToString(b[:])
@@ -68,6 +77,30 @@ type httpServer struct {
 	srv  *http.Server
 	addr string        // the address it listens on, port resolved
 	done chan struct{} // closed when the serving goroutine has returned
+
+	// busy holds the connections serving a request now (StateActive), so
+	// that shutdown can tell a cut request from a connection that never
+	// carried one: net/http waits 5 s for those before it counts them idle.
+	mu   sync.Mutex
+	busy map[net.Conn]struct{}
+}
+
+// track follows each connection's state (http.Server.ConnState).
+func (s *httpServer) track(c net.Conn, state http.ConnState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if state == http.StateActive {
+		s.busy[c] = struct{}{}
+	} else {
+		delete(s.busy, c)
+	}
+}
+
+// requestsInFlight is how many connections are serving a request.
+func (s *httpServer) requestsInFlight() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.busy)
 }
 
 // startHTTP listens on addr and serves h until shutdown. name prefixes the
@@ -81,7 +114,9 @@ func startHTTP(name, addr string, h http.Handler, log *slog.Logger) (*httpServer
 		srv:  &http.Server{Handler: h, ReadHeaderTimeout: httpReadHeaderTimeout, IdleTimeout: httpIdleTimeout},
 		addr: ln.Addr().String(),
 		done: make(chan struct{}),
+		busy: make(map[net.Conn]struct{}),
 	}
+	s.srv.ConnState = s.track
 	go func() {
 		defer close(s.done)
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -97,8 +132,13 @@ func startHTTP(name, addr string, h http.Handler, log *slog.Logger) (*httpServer
 func (s *httpServer) shutdown(ctx context.Context) error {
 	err := s.srv.Shutdown(ctx)
 	if err != nil {
+		n := s.requestsInFlight()
 		_ = s.srv.Close()
-		err = fmt.Errorf("HTTP shutdown: requests still in flight were cut: %w", err)
+		if n > 0 {
+			err = fmt.Errorf("HTTP shutdown: %d requests still in flight were cut: %w", n, err)
+		} else {
+			err = nil // only connections that never sent a request were closed
+		}
 	}
 	<-s.done
 	return err

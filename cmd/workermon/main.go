@@ -29,7 +29,14 @@ func commands() []command {
 		{"sim", "run a simulated engine fleet that publishes its load and serves OpenAI-compatible requests", runSim},
 		{"load", "send OpenAI-compatible requests at a constant or ramping rate and count the answers", runLoad},
 		{"status", "print each model's busy, free and stale workers and its thresholds", runStatus},
+		{"watch", "follow the busy-set bucket: models and workers redrawn in place, or one line per change", runWatch},
 		{"thresholds", "get, set or unset a model's busy thresholds on a running monitor", runThresholds},
+		{"slots", "run the slot tracker: Dynamo's standalone slot tracker API over active-request accounting", runSlots},
+		{"scrape", "publish a stock engine's load (vLLM, SGLang) from its Prometheus /metrics page", runScrape},
+		{"cordon", "cordon a worker on a running monitor: listed busy, sent nothing new, its work moved off", runCordon},
+		{"uncordon", "lift a worker's cordon on a running monitor", runUncordon},
+		{"bench", "measure ingest, report-to-record latency, memory and admission on this machine beside the raw NATS limits", runBench},
+		{"nats-config", "print the subject mappings an external NATS server needs for --partitions", runNATSConfig},
 		{"healthcheck", "GET a health URL and fail unless it answers 2xx (for container HEALTHCHECKs)", runHealthcheck},
 	}
 }

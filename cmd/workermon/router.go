@@ -16,10 +16,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/workermon/workermon/admission"
+	"github.com/workermon/workermon/board"
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/watchmetrics"
 	"github.com/workermon/workermon/natsconn"
+	"github.com/workermon/workermon/registry"
 	"github.com/workermon/workermon/router"
+	"github.com/workermon/workermon/slots"
+)
+
+// Worker choices of --pick.
+const (
+	pickInFlight       = "in-flight"
+	pickLeastPotential = "least-potential"
 )
 
 // DefaultRouterHTTPAddr is where `workermon router` listens (contract §9).
@@ -34,6 +45,9 @@ type routerOptions struct {
 	staleListAfter time.Duration
 	failOpen       bool
 	replicas       int
+	slots          slots.Config
+	estimates      estimateOptions
+	pick           string
 	log            logOptions
 }
 
@@ -46,6 +60,9 @@ func defaultRouterOptions() routerOptions {
 		staleListAfter: busylist.DefaultStaleListAfter,
 		failOpen:       busylist.DefaultFailOpen,
 		replicas:       1,
+		slots:          slots.DefaultConfig(),
+		estimates:      defaultEstimateOptions(true),
+		pick:           pickInFlight,
 		log:            defaultLogOptions(),
 	}
 	o.router.RouterID = instanceID()
@@ -54,8 +71,10 @@ func defaultRouterOptions() routerOptions {
 
 func (o *routerOptions) flags(fs *flag.FlagSet) {
 	natsFlags(fs, &o.natsURL, &o.nats)
-	fs.StringVar(&o.httpAddr, "http-addr", o.httpAddr, "listen address of the proxy, /v1/models, /metrics, /healthz and /readyz")
+	fs.StringVar(&o.httpAddr, "http-addr", o.httpAddr, "listen address of the proxy, the web board (/), /v1/models, /metrics, /healthz and /readyz")
 	fs.IntVar(&o.router.RejectStatus, "reject-status", o.router.RejectStatus, "status of a rejection when every worker is busy: 503, 429 or 529")
+	fs.IntVar(&o.router.ShedStatus, "shed-status", o.router.ShedStatus,
+		"status of the rejection of a sheddable request (X-Workermon-Priority below 0) when every free worker is amber: 429, 503 or 529")
 	fs.DurationVar(&o.router.RetryAfter, "retry-after", o.router.RetryAfter, "Retry-After of a rejection, rounded up to whole seconds")
 	fs.DurationVar(&o.staleListAfter, "stale-list-after", o.staleListAfter, "a busy-list record not refreshed for this long is stale")
 	fs.BoolVar(&o.failOpen, "fail-open", o.failOpen, "admit requests when the busy list is stale or not loaded yet")
@@ -69,6 +88,17 @@ func (o *routerOptions) flags(fs *flag.FlagSet) {
 	fs.IntVar(&o.router.MaxRetries, "max-retries", o.router.MaxRetries, "how many other workers to try after one cannot be reached")
 	fs.StringVar(&o.router.RouterID, "router-id", o.router.RouterID, "this router's name in logs and in its NATS client name")
 	fs.IntVar(&o.replicas, "replicas", o.replicas, "replicas of the buckets this router creates when they are missing")
+	o.estimates.flags(fs, "publish",
+		"publish the slot tracker's loads as source router/<router-id> for the monitors to add to the engines' reports")
+	// The flag's name before contract §9's: an error that names the new
+	// one, rather than an alias whose environment variable could override
+	// a --publish on the command line.
+	fs.BoolFunc("publish-estimates", "renamed --publish", func(string) error {
+		return errors.New("--publish-estimates is now --publish")
+	})
+	fs.StringVar(&o.pick, "pick", o.pick, "worker choice among the free workers: "+pickInFlight+
+		" (power of two choices on this router's requests in flight) or "+pickLeastPotential+" (the slot tracker's projection)")
+	trackerFlags(fs, &o.slots)
 	o.log.flags(fs)
 }
 
@@ -108,6 +138,20 @@ func (o routerOptions) validate() error {
 	if o.replicas < 1 || o.replicas > 5 {
 		errs = append(errs, fmt.Errorf("router: --replicas %d must be 1 to 5", o.replicas))
 	}
+	if err := o.slots.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := o.estimates.validate(); err != nil {
+		errs = append(errs, fmt.Errorf("router: %w", err))
+	}
+	if o.pick != pickInFlight && o.pick != pickLeastPotential {
+		errs = append(errs, fmt.Errorf("router: --pick %q must be %s or %s", o.pick, pickInFlight, pickLeastPotential))
+	}
+	if o.estimates.publish {
+		if err := validTrackerID(o.router.RouterID); err != nil {
+			errs = append(errs, fmt.Errorf("router: --router-id: %w", err))
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
@@ -117,10 +161,14 @@ func (o routerOptions) validate() error {
 // validateStandIn stands in for the busy list and the registry in validate.
 type validateStandIn struct{}
 
-func (validateStandIn) Decide(string) busylist.Decision       { return busylist.Decision{} }
+func (validateStandIn) Decide(string) admission.Decision { return admission.Decision{} }
+func (validateStandIn) DecideClass(string, admission.Class) admission.Decision {
+	return admission.Decision{}
+}
 func (validateStandIn) Models() []string                      { return nil }
 func (validateStandIn) Ready() bool                           { return false }
 func (validateStandIn) Endpoints(string) []events.WorkerEntry { return nil }
+func (validateStandIn) Live() bool                            { return false }
 
 func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o := defaultRouterOptions()
@@ -132,7 +180,7 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "workermon router: NATS %s, proxy http://%s\n", svc.natsURL, svc.httpAddr)
+	fmt.Fprintf(stdout, "workermon router: NATS %s, proxy http://%s, board http://%s/\n", svc.natsURL, svc.httpAddr, svc.httpAddr)
 	return closeWhenDone(ctx, log, "shutting down", svc.Close)
 }
 
@@ -144,9 +192,11 @@ type routerService struct {
 
 	nc       *nats.Conn
 	watcher  *busylist.Watcher
-	registry *busylist.Registry
+	registry *registry.Watcher
 	router   *router.Router
 	http     *httpServer
+	slots    *slotsLink
+	board    *board.Board
 
 	closeOnce sync.Once
 	closeErr  error
@@ -171,23 +221,46 @@ func startRouter(o routerOptions, log *slog.Logger, reg *prometheus.Registry) (_
 	if svc.nc, err = natsconn.Dial(ncfg, log.With("component", "nats")); err != nil {
 		return nil, err
 	}
+	// The router comes up before NATS does (it fails open); a server it
+	// finds at start is checked now.
+	if svc.nc.IsConnected() {
+		if err := checkServer(context.Background(), svc.nc, reg); err != nil {
+			return nil, err
+		}
+	} else {
+		reg.MustRegister(natsconn.ServerInfo(svc.nc))
+	}
 	js, err := jetstream.New(svc.nc)
 	if err != nil {
 		return nil, fmt.Errorf("router: jetstream: %w", err)
 	}
-	common := []busylist.WatchOption{busylist.WithRegisterer(reg), busylist.WithBucketReplicas(o.replicas)}
-	if svc.watcher, err = busylist.NewWatcher(js, append(common,
+	if svc.watcher, err = busylist.NewWatcher(js, busylist.WithRegisterer(reg),
+		busylist.WithBucketReplicas(o.replicas),
 		busylist.WithLogger(log.With("component", "busylist")),
 		busylist.WithStaleListAfter(o.staleListAfter),
-		busylist.WithFailOpen(o.failOpen))...); err != nil {
+		busylist.WithFailOpen(o.failOpen)); err != nil {
 		return nil, err
 	}
-	if svc.registry, err = busylist.NewRegistry(js, append(common,
-		busylist.WithLogger(log.With("component", "registry")))...); err != nil {
+	watchStats, err := watchmetrics.New(reg)
+	if err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
+	if svc.registry, err = registry.NewWatcher(js, registry.WithStats(watchStats.Bucket(events.WorkersBucket)),
+		registry.WithBucketReplicas(o.replicas),
+		registry.WithLogger(log.With("component", "registry"))); err != nil {
 		return nil, err
 	}
+	tracker, err := slots.New(o.slots)
+	if err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
+	if err := registerSlotsMetrics(reg, tracker); err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
+	svc.slots = startSlotsLink(o.estimates, tracker, svc.registry, svc.nc, o.router.RouterID, log)
 	cfg := o.router
-	cfg.BusyList, cfg.Registry = svc.watcher, svc.registry
+	cfg.BusyList, cfg.Registry, cfg.Slots = svc.watcher, svc.registry, tracker
+	cfg.PickLeastPotential = o.pick == pickLeastPotential
 	cfg.ReadyCheck = func() error {
 		if st := svc.nc.Status(); st != nats.CONNECTED {
 			return fmt.Errorf("NATS not connected: %s", st)
@@ -199,17 +272,23 @@ func startRouter(o routerOptions, log *slog.Logger, reg *prometheus.Registry) (_
 	if svc.router, err = router.New(cfg); err != nil {
 		return nil, err
 	}
+	if svc.board, err = startBoard(&board.RouterSource{BusyList: svc.watcher, Registry: svc.registry, Tracker: tracker,
+		Counts: board.GatheredCounts(reg), ID: cfg.RouterID}, log, reg); err != nil {
+		return nil, err
+	}
 
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", healthz(svc.nc))
+	mountBoard(mux, svc.board)
 	mux.Handle("/", svc.router)
 	if svc.http, err = startHTTP("router", o.httpAddr, mux, log); err != nil {
 		return nil, err
 	}
 	svc.httpAddr = svc.http.addr
 	log.Info("router started", "nats", svc.natsURL, "http", svc.httpAddr, "router_id", cfg.RouterID,
-		"reject_status", cfg.RejectStatus, "stale_list_after", o.staleListAfter, "fail_open", o.failOpen,
-		"migration_limit", cfg.MigrationLimit)
+		"reject_status", cfg.RejectStatus, "shed_status", cfg.ShedStatus, "stale_list_after", o.staleListAfter, "fail_open", o.failOpen,
+		"migration_limit", cfg.MigrationLimit, "publish", o.estimates.publish, "pick", o.pick)
 	return svc, nil
 }
 
@@ -220,6 +299,11 @@ func startRouter(o routerOptions, log *slog.Logger, reg *prometheus.Registry) (_
 func (svc *routerService) Close(ctx context.Context) error {
 	svc.closeOnce.Do(func() {
 		var errs []error
+		// Before the HTTP server: its shutdown waits for the board's
+		// streams, which end only when the board closes.
+		if svc.board != nil {
+			_ = svc.board.Close()
+		}
 		if svc.http != nil {
 			if err := svc.http.shutdown(ctx); err != nil {
 				errs = append(errs, fmt.Errorf("router: %w", err))
@@ -228,6 +312,8 @@ func (svc *routerService) Close(ctx context.Context) error {
 		if svc.router != nil {
 			_ = svc.router.Close()
 		}
+		// The estimates' goodbyes go out before the connection closes.
+		svc.slots.stop()
 		if svc.watcher != nil {
 			_ = svc.watcher.Close()
 		}

@@ -17,8 +17,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/workermon/workermon/busylist"
+	"github.com/workermon/workermon/admission"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/kvbucket"
 	"github.com/workermon/workermon/internal/natstest"
 	"github.com/workermon/workermon/natsconn"
 )
@@ -72,7 +73,7 @@ func routerTestPut(t *testing.T, js jetstream.JetStream, bucket, key string, dat
 	natstest.WaitFor(t, 5*time.Second, "put "+key, func() bool {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
-		kv, err := busylist.OpenBucket(ctx, js, bucket, 1)
+		kv, err := kvbucket.Open(ctx, js, bucket, 1)
 		if err != nil {
 			return false
 		}
@@ -121,7 +122,7 @@ func TestRouterCommandEndToEnd(t *testing.T) {
 	putRecord(nil, []uint64{1})
 	natstest.WaitFor(t, 5*time.Second, "request rejected", func() bool {
 		resp, body := routerTestPost(t, base+"/v1/completions", `{"model":"`+model+`","prompt":"x"}`)
-		return resp.StatusCode == http.StatusServiceUnavailable && body == string(busylist.RejectBody(503)) &&
+		return resp.StatusCode == http.StatusServiceUnavailable && body == string(admission.RejectBody(503)) &&
 			resp.Header.Get("Retry-After") == "1"
 	})
 

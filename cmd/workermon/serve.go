@@ -30,19 +30,29 @@ type serveOptions struct {
 	monitor    monitor.Config
 	writer     busylist.WriterConfig
 	replicas   int
-	adminToken string
-	log        logOptions
+	partitions int
+	leaseTTL   time.Duration
+	// staleListAfter is the routers' --stale-list-after, for the warning
+	// about a takeover's length.
+	staleListAfter time.Duration
+	adminToken     string
+	resched        reschedOptions
+	log            logOptions
 }
 
 func defaultServeOptions() serveOptions {
 	o := serveOptions{
-		nats:     natsconn.DefaultConfig(),
-		embedded: natsconn.DefaultEmbeddedConfig(),
-		httpAddr: DefaultMonitorHTTPAddr,
-		monitor:  monitor.DefaultConfig(),
-		writer:   busylist.DefaultWriterConfig(),
-		replicas: 1,
-		log:      defaultLogOptions(),
+		nats:           natsconn.DefaultConfig(),
+		embedded:       natsconn.DefaultEmbeddedConfig(),
+		httpAddr:       DefaultMonitorHTTPAddr,
+		monitor:        monitor.DefaultConfig(),
+		writer:         busylist.DefaultWriterConfig(),
+		replicas:       1,
+		partitions:     busylist.DefaultPartitions,
+		leaseTTL:       busylist.DefaultLeaseTTL,
+		staleListAfter: busylist.DefaultStaleListAfter,
+		resched:        defaultReschedOptions(),
+		log:            defaultLogOptions(),
 	}
 	o.nats.URL = ""
 	o.nats.Name = "workermon-monitor"
@@ -69,7 +79,7 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	natsFlags(fs, &o.natsURL, &o.nats)
 	fs.StringVar(&o.embedded.Addr, "embedded-nats-addr", o.embedded.Addr, "listen address of the embedded NATS server (used when --nats-url is empty)")
 	fs.StringVar(&o.embedded.DataDir, "data-dir", o.embedded.DataDir, "JetStream store of the embedded NATS server")
-	fs.StringVar(&o.httpAddr, "http-addr", o.httpAddr, "listen address of the API, /metrics, /healthz and /readyz")
+	fs.StringVar(&o.httpAddr, "http-addr", o.httpAddr, "listen address of the web board (/), the API, /metrics, /healthz and /readyz")
 	fs.StringVar(&o.monitor.SubjectPrefix, "subject-prefix", o.monitor.SubjectPrefix, "first subject token(s) of load and goodbye subjects")
 	fs.Var(optFloat{&o.monitor.Defaults.ActiveDecodeBlocks}, "active-decode-blocks-threshold",
 		"default KV-cache threshold in [0, 1]: busy when active_decode_blocks > threshold × kv_total_blocks (unset: off)")
@@ -81,13 +91,18 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.monitor.GoneAfter, "gone-after", o.monitor.GoneAfter, "a silent worker is removed after this long; also a goodbye's tombstone")
 	fs.DurationVar(&o.writer.Heartbeat, "heartbeat", o.writer.Heartbeat, "re-put every record at least this often")
 	fs.DurationVar(&o.writer.Warmup, "warmup", o.writer.Warmup, "wait this long after start before the first write")
-	fs.StringVar(&o.writer.MonitorID, "monitor-id", o.writer.MonitorID, "this monitor's name in the records")
+	fs.StringVar(&o.writer.MonitorID, "monitor-id", o.writer.MonitorID, "this monitor's name in the records and leases ([A-Za-z0-9_-])")
+	fs.IntVar(&o.partitions, "partitions", o.partitions, "partitions the models are split into, the same on every monitor of a deployment")
+	fs.DurationVar(&o.leaseTTL, "lease-ttl", o.leaseTTL, "a partition's lease lasts this long without a renewal")
+	fs.DurationVar(&o.staleListAfter, "stale-list-after", o.staleListAfter, "the routers' stale-list-after, to warn when a takeover could outlast it")
 	fs.IntVar(&o.replicas, "replicas", o.replicas, "replicas of the buckets this monitor creates")
 	fs.IntVar(&o.monitor.MaxModels, "max-models", o.monitor.MaxModels, "most models tracked; reports of more are rejected")
 	fs.IntVar(&o.monitor.MaxWorkersPerModel, "max-workers-per-model", o.monitor.MaxWorkersPerModel, "most workers tracked per model")
 	fs.IntVar(&o.monitor.MaxSourcesPerWorker, "max-sources-per-worker", o.monitor.MaxSourcesPerWorker, "most sources tracked per worker")
 	fs.IntVar(&o.monitor.MaxRanksPerWorker, "max-ranks-per-worker", o.monitor.MaxRanksPerWorker, "largest dp_size a report may declare")
-	fs.StringVar(&o.adminToken, "admin-token", o.adminToken, "bearer token required to change thresholds (unset: anyone can)")
+	fs.StringVar(&o.adminToken, "admin-token", o.adminToken, "bearer token required to change thresholds and cordons (unset: anyone can)")
+	o.reschedFlags(fs)
+	classFlags(fs, &o.monitor)
 	o.log.flags(fs)
 }
 
@@ -117,6 +132,19 @@ func (o serveOptions) validate() error {
 	if o.writer.Warmup < 0 {
 		errs = append(errs, fmt.Errorf("serve: --warmup %v must not be negative", o.writer.Warmup))
 	}
+	if err := busylist.ValidateMonitorID(o.writer.MonitorID); err != nil {
+		errs = append(errs, fmt.Errorf("serve: --monitor-id: %w", err))
+	}
+	if o.partitions < 1 || o.partitions > 1024 {
+		errs = append(errs, fmt.Errorf("serve: --partitions %d must be 1 to 1024", o.partitions))
+	}
+	errs = append(errs, o.resched.validate()...)
+	if o.leaseTTL <= 0 {
+		errs = append(errs, fmt.Errorf("serve: --lease-ttl %v must be positive", o.leaseTTL))
+	}
+	if o.staleListAfter <= 0 {
+		errs = append(errs, fmt.Errorf("serve: --stale-list-after %v must be positive", o.staleListAfter))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
@@ -133,6 +161,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "workermon monitor: NATS %s, API http://%s\n", svc.natsURL, svc.httpAddr)
+	fmt.Fprintf(stdout, "workermon monitor: NATS %s, API http://%s, board http://%s/\n", svc.natsURL, svc.httpAddr, svc.httpAddr)
+	select {
+	case <-ctx.Done():
+	case err := <-svc.failed:
+		log.Error("stopping", "err", err)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultShutdownTimeout)
+		defer cancel()
+		return errors.Join(err, svc.Close(cctx))
+	}
 	return closeWhenDone(ctx, log, "shutting down", svc.Close)
 }

@@ -25,7 +25,7 @@ import (
 
 // testService starts a monitor on its own embedded NATS server with short
 // intervals, and stops it at the end of the test.
-func testService(t *testing.T, mutate func(*serveOptions)) *service {
+func testService(t testing.TB, mutate func(*serveOptions)) *service {
 	t.Helper()
 	o := defaultServeOptions()
 	o.embedded.Addr = "127.0.0.1:0"
@@ -33,6 +33,7 @@ func testService(t *testing.T, mutate func(*serveOptions)) *service {
 	o.httpAddr = "127.0.0.1:0"
 	o.writer.Warmup = 100 * time.Millisecond
 	o.writer.Heartbeat = 300 * time.Millisecond
+	o.leaseTTL = 200 * time.Millisecond
 	o.monitor.Defaults = events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8)}
 	if mutate != nil {
 		mutate(&o)
@@ -42,12 +43,24 @@ func testService(t *testing.T, mutate func(*serveOptions)) *service {
 		t.Fatal(err)
 	}
 	closeAtCleanup(t, svc.Close)
+	waitSettled(t, svc)
 	return svc
+}
+
+// waitSettled waits until the monitor holds its partitions (or is a
+// standby): until then no report is listened to.
+func waitSettled(t testing.TB, svc *service) {
+	t.Helper()
+	select {
+	case <-svc.leaser.Settled():
+	case <-time.After(10 * time.Second):
+		t.Fatal("leases not settled within 10s")
+	}
 }
 
 // closeAtCleanup closes what the test started when it ends, within 10s;
 // an error of close fails the test.
-func closeAtCleanup(t *testing.T, close func(context.Context) error) {
+func closeAtCleanup(t testing.TB, close func(context.Context) error) {
 	t.Helper()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

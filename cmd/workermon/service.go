@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -15,16 +16,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/workermon/workermon/api"
+	"github.com/workermon/workermon/board"
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/kvbucket"
 	"github.com/workermon/workermon/monitor"
 	"github.com/workermon/workermon/natsconn"
+	"github.com/workermon/workermon/overrides"
 )
-
-// subscriptionPendingLimit is how many messages a subscription may buffer
-// while the monitor's queue is full before NATS drops them as a slow
-// consumer.
-const subscriptionPendingLimit = 1 << 20
 
 // service is a running monitor: NATS (embedded or not), the monitor loop,
 // the busy-set writer, the threshold watcher and the HTTP server.
@@ -38,14 +37,29 @@ type service struct {
 	nc       *nats.Conn
 	mon      *monitor.Monitor
 	writer   *busylist.Writer
+	leaser   *busylist.Leaser
+	intake   *intake
+
+	parts     int
+	monitorID string
+	leaseTTL  time.Duration
+	// failed receives a loop's error that must end the command (another
+	// live monitor with the same id).
+	failed chan error
 
 	thresholdsSynced <-chan struct{}
-	sub              *nats.Subscription
+	cordonsSynced    <-chan struct{}
 	http             *httpServer
+	// board is the web board at /; boardCounts the router counts it shows
+	// (set by the demo, which runs a router beside the monitor).
+	board       *board.Board
+	boardCounts lateCounter
 
 	// Each loop has its own context so that Close can stop them in order.
-	stopMonitor, stopWriter, stopWatcher context.CancelFunc
-	monitorDone, writerDone, watcherDone chan struct{}
+	stopMonitor, stopWriter, stopWatcher, stopLeaser context.CancelFunc
+	monitorDone, writerDone, watcherDone, leaserDone chan struct{}
+	stopCordons, stopSync, stopResched               context.CancelFunc
+	cordonsDone, syncDone, reschedDone               chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
@@ -56,7 +70,8 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	svc := &service{log: log, reg: reg}
+	svc := &service{log: log, reg: reg, parts: o.partitions, monitorID: o.writer.MonitorID, leaseTTL: o.leaseTTL,
+		failed: make(chan error, 1)}
 	defer func() {
 		if err != nil {
 			cctx, cancel := context.WithTimeout(context.Background(), DefaultShutdownTimeout)
@@ -71,11 +86,18 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 			return nil, err
 		}
 		url = svc.embedded.ClientURL()
+		if err := addPartitionMappings(svc.embedded.Server(), o.monitor.SubjectPrefix, o.partitions); err != nil {
+			return nil, err
+		}
 		log.Info("embedded NATS server started", "url", url, "data_dir", o.embedded.DataDir)
 	}
 	svc.natsURL = url
 	o.nats.URL = url
+	o.nats.NoReconnectBuffer = true
 	if svc.nc, err = natsconn.Connect(ctx, o.nats, log.With("component", "nats")); err != nil {
+		return nil, err
+	}
+	if err := checkServer(ctx, svc.nc, reg); err != nil {
 		return nil, err
 	}
 	js, err := jetstream.New(svc.nc)
@@ -86,26 +108,33 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 	// The registry bucket is created by its first user; creating it here too
 	// gives it this monitor's --replicas rather than an engine's default.
 	octx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	if _, err := busylist.OpenBucket(octx, js, events.WorkersBucket, o.replicas); err != nil {
+	if _, err := kvbucket.Open(octx, js, events.WorkersBucket, o.replicas); err != nil {
 		log.Warn("worker registry bucket not opened; engines will create it", "err", err)
 	}
 	cancel()
-	tcfg := busylist.DefaultThresholdWatcherConfig()
+	tcfg := overrides.DefaultThresholdWatcherConfig()
 	tcfg.JetStream, tcfg.Replicas, tcfg.Registerer = js, o.replicas, reg
 	tcfg.Logger = log.With("component", "thresholds")
 	tcfg.OnChange = svc.applyOverride
-	watcher, err := busylist.NewThresholdWatcher(tcfg)
+	watcher, err := overrides.NewThresholdWatcher(tcfg)
 	if err != nil {
 		return nil, err
 	}
 	svc.thresholdsSynced = watcher.Synced()
+	cordons, cordonWatcher, err := svc.newCordons(js, o.replicas)
+	if err != nil {
+		return nil, err
+	}
+	svc.cordonsSynced = cordonWatcher.Synced()
 	o.writer.JetStream = js
 	o.writer.Replicas = o.replicas
 	o.writer.Logger = log.With("component", "writer")
 	o.writer.Registerer = reg
 	o.writer.OrphanAfter = o.monitor.GoneAfter
-	// No record before the overrides are loaded: it would use the defaults.
-	o.writer.HoldUntil = svc.thresholdsSynced
+	o.writer.Partitions, o.writer.Leased = o.partitions, true
+	// No record before the overrides and cordons are loaded: it would use
+	// the defaults and list cordoned workers free.
+	o.writer.HoldUntil = svc.bothClosed(svc.thresholdsSynced, svc.cordonsSynced)
 	// Workers listed by a previous monitor start as stale in this one.
 	o.writer.OnExisting = func(records []events.BusySet) {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -114,6 +143,22 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 			log.Warn("records of the previous monitor not taken over", "err", err)
 		}
 	}
+	lcfg := busylist.DefaultLeaserConfig()
+	lcfg.JetStream, lcfg.Replicas, lcfg.Registerer = js, o.replicas, reg
+	lcfg.MonitorID, lcfg.Partitions, lcfg.TTL = o.writer.MonitorID, o.partitions, o.leaseTTL
+	lcfg.Logger = log.With("component", "leases")
+	svc.leaseCallbacks(&lcfg)
+	if svc.leaser, err = busylist.NewLeaser(lcfg); err != nil {
+		return nil, err
+	}
+	o.writer.Fence = svc.leaser.Valid
+	o.writer.OnLost = func(p int) {
+		svc.intake.stop(p)
+		svc.leaser.Abandon(p)
+	}
+	// The monitor builds a model's next record once the writer has taken the
+	// previous one (monitor.PendingSink); svc.mon is set before Run starts.
+	o.writer.OnTaken = func() { svc.mon.Kick() }
 	if svc.writer, err = busylist.NewWriter(o.writer); err != nil {
 		return nil, err
 	}
@@ -123,29 +168,43 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 		return nil, err
 	}
 
+	// Reports and goodbyes of a partition arrive on one subscription, taken
+	// when its lease is: NATS keeps one publisher's order within a
+	// subscription, so a goodbye never overtakes the reports sent before it.
+	svc.intake = newIntake(svc.nc, svc.mon, o.monitor.SubjectPrefix, o.partitions, log.With("component", "intake"))
+	if err := svc.intake.watchPlain(); err != nil {
+		return nil, err
+	}
+
 	svc.stopWriter, svc.writerDone = goLoop(svc.writer.Run, log, "writer")
-	svc.stopMonitor, svc.monitorDone = goLoop(svc.mon.Run, log, "monitor")
+	svc.stopMonitor, svc.monitorDone = goLoop(func(ctx context.Context) error {
+		return monitor.RunFrom(ctx, svc.mon, svc.intake.source())
+	}, log, "monitor")
 	svc.stopWatcher, svc.watcherDone = goLoop(watcher.Run, log, "threshold watcher")
+	// After the monitor: every cordon goes to it.
+	svc.stopCordons, svc.cordonsDone = goLoop(cordonWatcher.Run, log, "cordon watcher")
+	svc.stopLeaser, svc.leaserDone = goLoop(func(ctx context.Context) error {
+		err := svc.leaser.Run(ctx)
+		if err != nil {
+			svc.failed <- err
+		}
+		return err
+	}, log, "leases")
 
-	// One subscription for reports and goodbyes: NATS keeps one publisher's
-	// order within a subscription, so a goodbye never overtakes the reports
-	// sent before it.
-	subject := events.Wildcard(o.monitor.SubjectPrefix)
-	if svc.sub, err = svc.nc.Subscribe(subject, func(m *nats.Msg) { svc.mon.Submit(m.Subject, m.Data) }); err != nil {
-		return nil, fmt.Errorf("serve: subscribe %s: %w", subject, err)
-	}
-	if err := svc.sub.SetPendingLimits(subscriptionPendingLimit, 64<<20); err != nil {
-		return nil, fmt.Errorf("serve: subscribe %s: %w", subject, err)
-	}
-
-	scfg := busylist.DefaultThresholdStoreConfig()
+	scfg := overrides.DefaultThresholdStoreConfig()
 	scfg.JetStream, scfg.Replicas = js, o.replicas
-	store, err := busylist.NewThresholdStore(scfg)
+	store, err := overrides.NewThresholdStore(scfg)
+	if err != nil {
+		return nil, err
+	}
+	rescheduler, err := svc.startRescheduler(o)
 	if err != nil {
 		return nil, err
 	}
 	acfg := api.DefaultConfig()
-	acfg.Monitor, acfg.Store, acfg.RecordModels = svc.mon, store, svc.writer.Models
+	acfg.Monitor, acfg.Store = svc.mon, store
+	acfg.Cordons, acfg.CordonMonitor, acfg.Rescheduler = cordons, svc.mon, rescheduler
+	acfg.RecordModels = func() []string { return recordModels(js, svc.writer) }
 	acfg.Defaults, acfg.AdminToken = o.monitor.Defaults, o.adminToken
 	acfg.Logger = log.With("component", "api")
 	apiHandler, err := api.New(acfg)
@@ -153,21 +212,60 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 		return nil, err
 	}
 
+	if svc.board, err = startBoard(&board.MonitorSource{Monitor: svc.mon, ID: o.writer.MonitorID,
+		Counts: svc.boardCounts.count}, log, reg); err != nil {
+		return nil, err
+	}
 	mux := http.NewServeMux()
 	for _, path := range api.Paths {
 		mux.Handle(path, apiHandler)
 	}
+	// The web board at /; every path nobody serves gets the API's JSON 404.
+	mountBoard(mux, svc.board)
+	mux.Handle("/", apiHandler)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /healthz", healthz(svc.nc, svc.intake.healthLines))
 	mux.HandleFunc("GET /readyz", svc.ready)
+	mux.HandleFunc("GET /partitions", svc.servePartitions)
 	if svc.http, err = startHTTP("serve", o.httpAddr, mux, log); err != nil {
 		return nil, err
 	}
 	svc.httpAddr = svc.http.addr
 	log.Info("monitor started", "nats", url, "http", svc.httpAddr, "monitor_id", o.writer.MonitorID,
 		"warmup", o.writer.Warmup, "heartbeat", o.writer.Heartbeat, "stale_after", o.monitor.StaleAfter,
-		"gone_after", o.monitor.GoneAfter, "thresholds", thresholdsAttr(o.monitor.Defaults))
+		"gone_after", o.monitor.GoneAfter, "thresholds", thresholdsAttr(o.monitor.Defaults),
+		"partitions", o.partitions, "lease_ttl", o.leaseTTL, "release_margin", o.monitor.ReleaseMargin,
+		"rescheduling_interval", o.resched.interval)
+	warnReplicas(ctx, js, svc.nc, o.replicas, log)
+	if budget := o.writer.Heartbeat + o.leaseTTL + o.writer.Warmup; budget > o.staleListAfter*8/10 {
+		log.Warn("a takeover may let routers see a stale list: heartbeat + lease-ttl + warmup exceeds 80% of the routers' stale-list-after",
+			"heartbeat", o.writer.Heartbeat, "lease_ttl", o.leaseTTL, "warmup", o.writer.Warmup, "stale_list_after", o.staleListAfter)
+	}
 	return svc, nil
+}
+
+// recordModels lists the models with a record in the busy bucket, as the
+// bucket holds them now (a standby writes none of them), and those the
+// writer will write.
+func recordModels(js jetstream.JetStream, w *busylist.Writer) []string {
+	models := w.Models()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, events.BusyBucket)
+	if err != nil {
+		return models
+	}
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		return models
+	}
+	for key := range keys.Keys() {
+		if m, err := events.ParseModelKey(key); err == nil {
+			models = append(models, m)
+		}
+	}
+	slices.Sort(models)
+	return slices.Compact(models)
 }
 
 // applyOverride hands a change of the thresholds bucket to the monitor.
@@ -185,8 +283,9 @@ func (svc *service) applyOverride(model string, t events.Thresholds, deleted boo
 	}
 }
 
-// ready answers 200 once NATS is connected and the writer has read the
-// bucket, 503 otherwise.
+// ready answers 200 once NATS is connected, the writer has opened the
+// bucket, the overrides are loaded and the leases have settled (a standby is
+// ready too), 503 otherwise.
 func (svc *service) ready(w http.ResponseWriter, _ *http.Request) {
 	var problems []string
 	if !svc.nc.IsConnected() {
@@ -201,6 +300,20 @@ func (svc *service) ready(w http.ResponseWriter, _ *http.Request) {
 	case <-svc.thresholdsSynced:
 	default:
 		problems = append(problems, "threshold overrides not loaded yet")
+	}
+	select {
+	case <-svc.cordonsSynced:
+	default:
+		problems = append(problems, "cordons not loaded yet")
+	}
+	select {
+	case <-svc.leaser.Settled():
+	default:
+		if key := svc.leaser.Foreign(); key != "" {
+			problems = append(problems, "the leases bucket holds a lease of another --partitions ("+key+"): taking no partition until it is gone")
+		} else {
+			problems = append(problems, "partition leases not settled yet (the first --lease-ttl)")
+		}
 	}
 	if len(problems) > 0 {
 		w.WriteHeader(http.StatusServiceUnavailable)
@@ -226,14 +339,19 @@ func goLoop(loop func(context.Context) error, log *slog.Logger, name string) (co
 }
 
 // Close stops everything in order: intake and HTTP, monitor loop (its final
-// records reach the writer), writer (final flush), watcher, connection,
-// embedded server. It is idempotent and bounded by ctx; the requests in
+// records reach the writer), leases (each partition's final write, then its
+// lease handed back), writer, watcher, connection, embedded server. It is idempotent and bounded by ctx; the requests in
 // flight get half of it, the loops keep the rest.
 func (svc *service) Close(ctx context.Context) error {
 	svc.closeOnce.Do(func() {
 		var errs []error
-		if svc.sub != nil {
-			_ = svc.sub.Unsubscribe()
+		if svc.intake != nil {
+			svc.intake.close()
+		}
+		// Before the HTTP server: its shutdown waits for the board's
+		// streams, which end only when the board closes.
+		if svc.board != nil {
+			_ = svc.board.Close()
 		}
 		if svc.http != nil {
 			hctx, cancel := partOf(ctx, 0.5)
@@ -253,9 +371,13 @@ func (svc *service) Close(ctx context.Context) error {
 				errs = append(errs, fmt.Errorf("serve: %s did not stop: %w", name, ctx.Err()))
 			}
 		}
+		stop(svc.stopResched, svc.reschedDone, "rescheduler")
 		stop(svc.stopMonitor, svc.monitorDone, "monitor")
+		stop(svc.stopLeaser, svc.leaserDone, "leases")
 		stop(svc.stopWriter, svc.writerDone, "writer")
 		stop(svc.stopWatcher, svc.watcherDone, "threshold watcher")
+		stop(svc.stopCordons, svc.cordonsDone, "cordon watcher")
+		stop(svc.stopSync, svc.syncDone, "sync")
 		if svc.nc != nil {
 			svc.nc.Close()
 		}

@@ -2,17 +2,26 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"maps"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/workermon/workermon/natsconn"
 	"github.com/workermon/workermon/sim"
 )
+
+// DefaultSimHTTPAddr is where `workermon sim` serves /healthz and /metrics:
+// a free loopback port, printed at start.
+const DefaultSimHTTPAddr = "127.0.0.1:0"
 
 // simOptions is everything `workermon sim` can be told.
 type simOptions struct {
@@ -21,6 +30,8 @@ type simOptions struct {
 	capacitySkew string
 	speedSkew    string
 	kill, mute   string
+	publish      bool
+	httpAddr     string
 	log          logOptions
 }
 
@@ -35,6 +46,10 @@ func (o *simOptions) flags(fs *flag.FlagSet) {
 	fs.IntVar(&f.BasePort, "port-base", f.BasePort, "port of the first worker; worker i listens on base+i (0: random ports)")
 	fs.StringVar(&f.AdvertiseHost, "advertise-host", f.AdvertiseHost, "host in the endpoints registered for routers (needs --port-base)")
 	fs.StringVar(&f.Publish.SubjectPrefix, "subject-prefix", f.Publish.SubjectPrefix, "first subject token(s) of load and goodbye subjects")
+	fs.BoolVar(&o.publish, "publish", o.publish,
+		"publish load and register through NATS; false: stay off NATS like a stock engine, for workermon scrape to read /metrics")
+	fs.StringVar(&o.httpAddr, "http-addr", o.httpAddr,
+		"listen address of the fleet's /healthz (with the NATS server's version) and /metrics (workermon_nats_server_info); empty: none")
 	e := &f.Engine
 	fs.IntVar(&e.KVBlocks, "kv-blocks", e.KVBlocks, "KV-cache blocks per rank")
 	fs.IntVar(&e.BlockSize, "block-size", e.BlockSize, "tokens per KV block")
@@ -91,13 +106,14 @@ func floats(s string) ([]float64, error) {
 }
 
 func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	o := simOptions{fleet: sim.DefaultFleetConfig(), log: defaultLogOptions()}
+	o := simOptions{fleet: sim.DefaultFleetConfig(), publish: true, httpAddr: DefaultSimHTTPAddr, log: defaultLogOptions()}
 	o.natsURL = natsconn.DefaultURL
 	log, err := parseCommand("sim", args, stderr, natsURLEnv, o.flags, &o.log)
 	if err != nil {
 		return err
 	}
 	o.fleet.NATS.URL = o.natsURL
+	o.fleet.Publish.Disabled = !o.publish
 	if o.fleet.Engine.CapacitySkew, err = floats(o.capacitySkew); err != nil {
 		return err
 	}
@@ -120,9 +136,38 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return fmt.Errorf("%w: --kill/--mute name worker %d, which is not in the fleet", errUsage, id)
 		}
 	}
+	// The fleet's own connection: the server check (contract §14) before any
+	// worker starts, and the version for /healthz and /metrics.
+	reg := newRegistry()
+	var nc *nats.Conn
+	if o.publish {
+		c := o.fleet.NATS
+		if c.Name == natsconn.DefaultName {
+			c.Name = "workermon-sim"
+		}
+		if nc, err = natsconn.Connect(ctx, c, log.With("component", "nats")); err != nil {
+			return err
+		}
+		defer nc.Close()
+		if err := checkServer(ctx, nc, reg); err != nil {
+			return err
+		}
+	}
 	fleet, err := sim.NewFleet(ctx, o.fleet, log)
 	if err != nil {
 		return err
+	}
+	var srv *httpServer
+	if o.httpAddr != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /healthz", healthz(nc))
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		if srv, err = startHTTP("sim", o.httpAddr, mux, log); err != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultShutdownTimeout)
+			defer cancel()
+			return errors.Join(err, fleet.Close(cctx))
+		}
+		fmt.Fprintf(stdout, "workermon sim: http://%s (/healthz, /metrics)\n", srv.addr)
 	}
 	for _, w := range fleet.Workers() {
 		fmt.Fprintf(stdout, "worker %d of %s: %s (%d ranks)\n", w.ID(), w.Model(), w.Endpoint(), o.fleet.Ranks)
@@ -139,5 +184,11 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			defer t.Stop()
 		}
 	}
-	return closeWhenDone(ctx, log, "closing the fleet: goodbyes, then draining in-flight requests", fleet.Close)
+	return closeWhenDone(ctx, log, "closing the fleet: goodbyes, then draining in-flight requests", func(ctx context.Context) error {
+		err := fleet.Close(ctx)
+		if srv != nil {
+			err = errors.Join(err, srv.shutdown(ctx))
+		}
+		return err
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -24,7 +25,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	o.flags(fs, false)
 	fs.StringVar(&model, "model", "", "show only this model")
-	if err := parseClientFlags(fs, args, stderr, "status [flags]\n\nPrints each model's busy set as the monitor holds it: the busy, free and stale\nworkers, whether the router rejects (ALL_BUSY) and the thresholds in force."); err != nil {
+	if err := parseClientFlags(fs, args, stderr, "status [flags]\n\nPrints each model's busy set as the monitor holds it: the busy, free and stale\nworkers, whether the router rejects (ALL_BUSY) and the thresholds in force;\nthen every partition with the monitor that holds it and its epoch."); err != nil {
 		return err
 	}
 	if model != "" {
@@ -40,31 +41,81 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return apiError(err)
 	}
+	parts, err := c.Partitions(ctx)
+	if err != nil {
+		return apiError(err)
+	}
 	if o.json {
-		return printJSON(stdout, api.RecordsReply{Records: records})
+		return printJSON(stdout, statusReply{Records: records, Partitions: parts})
 	}
 	if len(records) == 0 {
-		if model != "" {
-			fmt.Fprintf(stdout, "model %q has no worker tracked by this monitor\n", model)
-		} else {
-			fmt.Fprintln(stdout, "no model tracked: no worker has reported to this monitor recently")
-		}
-		return nil
+		fmt.Fprintln(stdout, noRecords(model, parts))
+	} else if err := printStatus(stdout, records); err != nil {
+		return err
 	}
-	return printStatus(stdout, records)
+	fmt.Fprintln(stdout)
+	return printPartitions(stdout, parts)
 }
 
-// printStatus writes one line per model.
+// noRecords says why the monitor lists no record: it holds no partition
+// (a standby, or not settled yet), not the model's, or no worker of it
+// has reported.
+func noRecords(model string, parts api.PartitionsReply) string {
+	switch {
+	case len(parts.Held) == 0:
+		return fmt.Sprintf("no model tracked: monitor %s holds no partition (a standby); the holders are listed below", parts.MonitorID)
+	case model != "" && !slices.Contains(parts.Held, events.Partition(model, max(parts.Partitions, 1))):
+		return fmt.Sprintf("model %q is in partition %d, which monitor %s does not hold; its holder is listed below",
+			model, events.Partition(model, max(parts.Partitions, 1)), parts.MonitorID)
+	case model != "":
+		return fmt.Sprintf("model %q has no worker tracked by this monitor", model)
+	}
+	return "no model tracked: no worker has reported to this monitor recently"
+}
+
+// statusReply is what `workermon status --json` prints.
+type statusReply struct {
+	Records    []api.Record        `json:"records"`
+	Partitions api.PartitionsReply `json:"partitions"`
+}
+
+// printPartitions writes one line per partition: its holder and epoch as
+// the monitor observes the leases bucket.
+func printPartitions(w io.Writer, r api.PartitionsReply) error {
+	fmt.Fprintf(w, "monitor %s holds %d of %d partitions (lease TTL %s)\n", r.MonitorID, len(r.Held), r.Partitions, r.LeaseTTL)
+	if r.Unmapped > 0 {
+		fmt.Fprintf(w, "WARNING: %d reports arrived on unmapped subjects: the NATS servers lack the partition mapping (workermon nats-config)\n", r.Unmapped)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "PARTITION\tHOLDER\tEPOCH\tLEASE")
+	for _, p := range r.List {
+		holder, state := p.MonitorID, fmt.Sprintf("renewed %.1fs ago", p.AgeSeconds)
+		switch {
+		case p.Free:
+			holder, state = "-", "free"
+		case p.Expired:
+			state = fmt.Sprintf("EXPIRED (%.1fs)", p.AgeSeconds)
+		}
+		if p.Mine {
+			holder += " (this monitor)"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\n", p.Partition, holder, p.Epoch, state)
+	}
+	return tw.Flush()
+}
+
+// printStatus writes one line per model: HARD lists the busy workers at
+// hard level, AMBER the free workers at amber level (contract §15).
 func printStatus(w io.Writer, records []api.Record) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "MODEL\tALL_BUSY\tBUSY\tFREE\tSTALE\tTHRESHOLDS")
+	fmt.Fprintln(tw, "MODEL\tALL_BUSY\tBUSY\tHARD\tFREE\tAMBER\tSTALE\tTHRESHOLDS")
 	for _, r := range records {
 		allBusy := "no"
 		if r.AllBusy {
 			allBusy = "YES"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Model, allBusy, idList(r.Busy, r.Reasons), idList(r.Free, nil),
-			idList(r.Stale, nil), thresholdsCell(r.Thresholds))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Model, allBusy, idList(r.Busy, r.Reasons), idList(r.Hard, nil),
+			idList(r.Free, nil), idList(r.Amber, nil), idList(r.Stale, nil), thresholdsCell(r.Thresholds))
 	}
 	return tw.Flush()
 }

@@ -5,12 +5,15 @@
 package natstest
 
 import (
+	"context"
 	"net"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Options returns the options of a single JetStream server on a random
@@ -54,11 +57,18 @@ func Start(t testing.TB, opts *server.Options) *server.Server {
 // options on the same port and store, as a NATS restart in production would.
 func Restart(t testing.TB, s *server.Server, opts *server.Options) *server.Server {
 	t.Helper()
+	return Start(t, Stop(t, s, opts))
+}
+
+// Stop stops s, started with opts, for an outage, and returns the options
+// that Start takes to bring it back on the same port and store.
+func Stop(t testing.TB, s *server.Server, opts *server.Options) *server.Options {
+	t.Helper()
 	opts = opts.Clone()
 	opts.Port = s.Addr().(*net.TCPAddr).Port
 	s.Shutdown()
 	s.WaitForShutdown()
-	return Start(t, opts)
+	return opts
 }
 
 // Connect returns a client of s with reconnects that never give up, closed
@@ -89,4 +99,87 @@ func WaitFor(t testing.TB, within time.Duration, what string, cond func() bool) 
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// Put puts data under key, retrying until the server takes it (it may be
+// restarting) for up to 10 s, and returns the revision.
+func Put(t testing.TB, kv jetstream.KeyValue, key string, data []byte) uint64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		rev, err := kv.Put(ctx, key, data)
+		cancel()
+		if err == nil {
+			return rev
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("natstest: put %s: %v", key, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// WaitReady waits up to 10 s for a watcher's initial values.
+func WaitReady(t testing.TB, w interface{ WaitReady(context.Context) error }) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := w.WaitReady(ctx); err != nil {
+		t.Fatalf("natstest: WaitReady: %v", err)
+	}
+}
+
+// Cluster starts a three-node JetStream cluster on loopback ports until the
+// test ends, and waits until it has elected a meta leader that every node
+// follows. (A JetStream node needs its routes, its own included, before it
+// starts, so the route ports are picked first.)
+func Cluster(t testing.TB) []*server.Server {
+	t.Helper()
+	ports := make([]int, 3)
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("natstest: pick a cluster port: %v", err)
+		}
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+	}
+	routes := ""
+	for i, p := range ports {
+		if i > 0 {
+			routes += ","
+		}
+		routes += "nats://127.0.0.1:" + strconv.Itoa(p)
+	}
+	servers := make([]*server.Server, 3)
+	for i := range servers {
+		opts := Options(t)
+		opts.ServerName = "n" + strconv.Itoa(i+1)
+		opts.Cluster = server.ClusterOpts{Name: "natstest", Host: "127.0.0.1", Port: ports[i]}
+		opts.Routes = server.RoutesFromStr(routes)
+		s, err := server.NewServer(opts)
+		if err != nil {
+			t.Fatalf("natstest: new cluster server: %v", err)
+		}
+		s.Start()
+		t.Cleanup(func() {
+			s.Shutdown()
+			s.WaitForShutdown()
+		})
+		servers[i] = s
+	}
+	WaitFor(t, 60*time.Second, "a JetStream meta leader", func() bool {
+		leaders := 0
+		for _, s := range servers {
+			if !s.ReadyForConnections(10*time.Millisecond) || !s.JetStreamIsCurrent() {
+				return false
+			}
+			if s.JetStreamIsLeader() {
+				leaders++
+			}
+		}
+		return leaders == 1
+	})
+	return servers
 }

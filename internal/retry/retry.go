@@ -5,6 +5,7 @@ package retry
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"time"
@@ -89,4 +90,32 @@ func (l *ErrLog) Result(err error, attrs ...any) {
 		return
 	}
 	l.OK()
+}
+
+// CheckBounds checks a pair of backoff bounds; who names the configuration
+// in the messages.
+func CheckBounds(who string, lo, hi time.Duration) []error {
+	var errs []error
+	if lo <= 0 {
+		errs = append(errs, fmt.Errorf("%s: retry minimum %v is not positive", who, lo))
+	}
+	if hi <= 0 {
+		errs = append(errs, fmt.Errorf("%s: retry maximum %v is not positive", who, hi))
+	}
+	if lo > 0 && hi > 0 && lo > hi {
+		errs = append(errs, fmt.Errorf("%s: retry minimum %v is above the maximum %v", who, lo, hi))
+	}
+	return errs
+}
+
+// Sleep waits d or until ctx is done, and reports whether ctx is still live.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/publisher"
+)
+
+// chromiumNames are the executables the browser test looks for on PATH;
+// $WORKERMON_CHROMIUM names another.
+var chromiumNames = []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "headless-shell"}
+
+// findChromium returns the browser to drive, or "" when there is none.
+func findChromium() string {
+	if p := os.Getenv("WORKERMON_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range chromiumNames {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// screenshotDir is where the browser test saves its screenshot:
+// $WORKERMON_TEST_OUTPUT when set, else the test's artifact directory
+// (kept under -outputdir with `go test -artifacts`, removed otherwise).
+func screenshotDir(t *testing.T) string {
+	if dir := os.Getenv("WORKERMON_TEST_OUTPUT"); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	return t.ArtifactDir()
+}
+
+// TestBoardInBrowser opens the monitor's board in headless Chromium: a
+// model appears with its workers, a worker made busy changes its tile
+// within a second, a model with every worker busy is marked ALL BUSY, a
+// cordoned worker shows it; it saves a screenshot.
+func TestBoardInBrowser(t *testing.T) {
+	chrome := findChromium()
+	if chrome == "" {
+		t.Skipf("Chromium not found (looked for %v on PATH and $WORKERMON_CHROMIUM): "+
+			"install it with `apt-get install -y chromium` (.ci/run does)", chromiumNames)
+	}
+	t.Parallel()
+	svc := testService(t, func(o *serveOptions) {
+		o.monitor.Defaults.ActivePrefillTokens = events.Ptr[uint64](2048)
+	})
+	nc, _ := connect(t, svc.natsURL)
+	const model, full = "Qwen/Qwen3-0.6B", "meta-llama/Llama-3.1-8B-Instruct"
+	var mu sync.Mutex
+	pubs := map[string]*publisher.Publisher{}
+	publish := func(m string, id uint64, rank uint32, decode, prefill uint64) {
+		t.Helper()
+		key := m + "/" + strconv.FormatUint(id, 10)
+		mu.Lock()
+		p := pubs[key]
+		if p == nil {
+			var err error
+			if p, err = publisher.New(nc, m, id, publisher.WithRanks(0, 2)); err != nil {
+				mu.Unlock()
+				t.Fatal(err)
+			}
+			pubs[key] = p
+			t.Cleanup(func() { _ = p.Close(context.Background()) })
+		}
+		mu.Unlock()
+		if err := p.Update(rank, publisher.Load{ActiveDecodeBlocks: events.Some(decode), KVTotalBlocks: events.Some(1000),
+			ActivePrefillTokens: events.Some(prefill), MaxNumBatchedTokens: events.Some(8192)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 24 workers of two ranks at loads below the thresholds; three more,
+	// of another model, all over them.
+	for id := uint64(11); id < 35; id++ {
+		for rank := range uint32(2) {
+			publish(model, id, rank, 50+(id*37+uint64(rank)*101)%700, (id*53+uint64(rank)*7)%1800)
+		}
+	}
+	for id := uint64(1); id <= 3; id++ {
+		for rank := range uint32(2) {
+			publish(full, id, rank, 850+id*20, 100*id)
+		}
+	}
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox,
+		chromedp.WindowSize(1280, 900))
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancelAlloc)
+	ctx, cancel := chromedp.NewContext(allocCtx)
+	t.Cleanup(cancel)
+	var errsMu sync.Mutex
+	var jsErrors []string
+	if err := chromedp.Listen(ctx, func(ev any) {
+		if e, ok := ev.(*runtime.EventExceptionThrown); ok {
+			errsMu.Lock()
+			d := e.ExceptionDetails
+			msg := fmt.Sprintf("%s (%s:%d:%d)", d.Text, d.URL, d.LineNumber+1, d.ColumnNumber+1)
+			if d.Exception != nil {
+				msg += ": " + d.Exception.Description
+			}
+			jsErrors = append(jsErrors, msg)
+			errsMu.Unlock()
+		}
+	}); err != nil {
+		t.Fatalf("start Chromium %s: %v", chrome, err)
+	}
+	url := "http://" + svc.httpAddr + "/"
+	if err := chromedp.Do(ctx, chromedp.Navigate(url)); err != nil {
+		t.Fatalf("open %s: %v", url, err)
+	}
+	tile := func(m string, id int) string {
+		return fmt.Sprintf(`document.querySelector('section[data-model=%q] .tile[data-worker="%d"]')`, m, id)
+	}
+	// poll waits, in the page, until expr is true, re-checking on every
+	// change of the DOM.
+	poll := func(what, expr string, timeout time.Duration) time.Duration {
+		t.Helper()
+		start := time.Now()
+		if _, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingMutation(),
+			chromedp.WithPollingTimeout(timeout))); err != nil {
+			t.Fatalf("%s: not within %v: %v", what, timeout, err)
+		}
+		return time.Since(start)
+	}
+
+	poll("the model and its 24 workers appear, free", fmt.Sprintf(
+		`document.querySelectorAll('section[data-model=%q] .tile[data-state="free"]').length === 24`, model), 15*time.Second)
+	poll("the other model is marked ALL BUSY", fmt.Sprintf(
+		`(s => s !== null && s.dataset.allBusy === "true" && s.querySelector('.badge').textContent.includes("ALL BUSY"))(document.querySelector('section[data-model=%q]'))`,
+		full), 15*time.Second)
+	poll("the bars are drawn", `[...document.querySelectorAll('.bar.kv .fill')].some(e => e.offsetWidth > 0)`, 5*time.Second)
+
+	// Worker 11 over the KV threshold on both ranks: busy.
+	publish(model, 11, 0, 950, 10)
+	publish(model, 11, 1, 900, 10)
+	took := poll("worker 11's tile turns busy", fmt.Sprintf(`(t => t !== null && t.dataset.state === "busy" && t.textContent.includes("kv"))(%s)`,
+		tile(model, 11)), 10*time.Second) // a deadline for a loaded machine; the delay is logged
+	t.Logf("worker 11's tile turned busy %v after its report was published", took.Round(time.Millisecond))
+
+	// Worker 12 cordoned through the API: its own colour.
+	resp, err := http.Post("http://"+svc.httpAddr+"/cordon", "application/json",
+		strings.NewReader(fmt.Sprintf(`{"model":%q,"worker_id":12}`, model)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("cordon: %s", resp.Status)
+	}
+	poll("worker 12's tile shows the cordon", fmt.Sprintf(`(t => t !== null && t.dataset.state === "cordoned")(%s)`,
+		tile(model, 12)), 10*time.Second)
+
+	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(screenshotDir(t), "board.png")
+	if err := os.WriteFile(path, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s (%d bytes)", path, len(shot))
+	errsMu.Lock()
+	defer errsMu.Unlock()
+	if len(jsErrors) > 0 {
+		t.Fatalf("JavaScript errors on the page: %v", jsErrors)
+	}
+}

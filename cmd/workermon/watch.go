@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/natsconn"
+	"github.com/workermon/workermon/watch"
+)
+
+// watchOptions is everything `workermon watch` can be told.
+type watchOptions struct {
+	natsURL string
+	nats    natsconn.Config
+	model   string
+	plain   bool
+	watch   watch.Config
+	log     logOptions
+}
+
+func defaultWatchOptions() watchOptions {
+	o := watchOptions{natsURL: natsconn.DefaultURL, nats: natsconn.DefaultConfig(), watch: watch.DefaultConfig(),
+		log: defaultLogOptions()}
+	o.nats.Name = "workermon-watch"
+	return o
+}
+
+func (o *watchOptions) flags(fs *flag.FlagSet) {
+	natsFlags(fs, &o.natsURL, &o.nats)
+	fs.StringVar(&o.model, "model", o.model, "show only this model")
+	fs.BoolVar(&o.plain, "plain", o.plain, "one line per change even on a terminal (the default when the output is not one)")
+	fs.DurationVar(&o.watch.StaleAfter, "stale-list-after", o.watch.StaleAfter,
+		"on the screen, mark a record not written for this long stale, as the routers do")
+	o.log.flags(fs)
+}
+
+// runWatch is `workermon watch`: the busy-set bucket as it changes, redrawn
+// in place on a terminal, one line per change otherwise.
+func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o := defaultWatchOptions()
+	log, err := parseCommand("watch", args, stderr, natsURLEnv, o.flags, &o.log)
+	if err != nil {
+		return err
+	}
+	if o.model != "" {
+		if err := events.ValidateModel(o.model); err != nil {
+			return fmt.Errorf("%w: --model: %v", errUsage, err)
+		}
+	}
+	o.nats.URL = o.natsURL
+	if err := o.nats.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	// Logs the server's version once connected, as every command does.
+	nc, err := natsconn.Connect(ctx, o.nats, log.With("component", "nats"))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	cctx, cancel := context.WithTimeout(ctx, serverCheckTimeout)
+	err = natsconn.CheckServer(cctx, nc)
+	cancel()
+	if err != nil {
+		return err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("watch: jetstream: %w", err)
+	}
+	cfg := o.watch
+	cfg.JetStream, cfg.Out, cfg.Model = js, stdout, o.model
+	cfg.Logger = log.With("component", "watch")
+	cfg.Header = nc.ConnectedUrlRedacted() + " (nats-server " + nc.ConnectedServerVersion() + ")"
+	if f, ok := stdout.(*os.File); ok && !o.plain && isTerminal(f) && os.Getenv("TERM") != "dumb" {
+		cfg.Mode = watch.Screen
+		// https://no-color.org: a set NO_COLOR turns colours off.
+		_, noColor := os.LookupEnv("NO_COLOR")
+		cfg.Color = !noColor
+		cfg.Size = func() (int, int) { return terminalSize(f) }
+	}
+	return watch.Run(ctx, cfg)
+}
+
+// isTerminal reports whether f is a terminal (a character device).
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,107 @@
+package dispatch_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/natstest"
+	"github.com/workermon/workermon/internal/promtest"
+	"github.com/workermon/workermon/resched"
+	"github.com/workermon/workermon/resched/dispatch"
+)
+
+// fakeSource is a fixed view; it writes the records of "mine" only.
+type fakeSource struct{ snap resched.Snapshot }
+
+func (f fakeSource) Snapshot(context.Context) (resched.Snapshot, error) { return f.snap, nil }
+func (f fakeSource) Epoch(model string) uint64 {
+	if model == "mine" || model == "silent" {
+		return 5
+	}
+	return 0
+}
+
+func worker(id uint64, usage float64, free bool) resched.Worker {
+	return resched.Worker{ID: id, Usage: usage, HasUsage: true, Fresh: true, Free: free}
+}
+
+func TestDispatch(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	nc := natstest.Connect(t, srv)
+	engine := natstest.Connect(t, srv)
+	got := make(chan events.MigrateRequest, 4)
+	// Worker 1 of "mine" answers; nobody listens for "silent".
+	if _, err := engine.Subscribe(events.MigrateSubject("wm", "mine", 1), func(m *nats.Msg) {
+		r, err := events.DecodeMigrateRequest(m.Data)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		got <- r
+		reply, _ := events.MarshalMigrateReply(events.MigrateReply{Migrated: 1})
+		_ = m.Respond(reply)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := engine.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	planner, err := resched.New(resched.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hot := []resched.Worker{worker(1, 0.9, false), worker(2, 0.1, true), worker(3, 0.5, true)}
+	reg := prometheus.NewRegistry()
+	d, err := dispatch.New(dispatch.Config{Conn: nc, Prefix: "wm", Interval: time.Hour, MaxRequests: 2,
+		Timeout: 500 * time.Millisecond, Planner: planner, Registerer: reg,
+		Source: fakeSource{resched.Snapshot{Now: time.Unix(1_800_000_000, 0), Models: []resched.Model{
+			{Name: "mine", Workers: hot}, {Name: "silent", Workers: hot}, {Name: "not-mine", Workers: hot}}}},
+		Endpoint: func(model string, w uint64) string { return "http://w2:8000" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Round(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-got:
+		want := events.MigrateRequest{V: 1, Model: "mine", Src: 1, Dst: 2, DstEndpoint: "http://w2:8000", MaxRequests: 2,
+			Reason: resched.PolicyDecodeLoad, Epoch: 5}
+		if r != want {
+			t.Errorf("request %+v, want %+v", r, want)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no request reached the engine")
+	}
+	rounds := d.Rounds()
+	if len(rounds) != 1 || len(rounds[0].Pairs) != 2 {
+		t.Fatalf("rounds %+v: want one round of two pairs (mine, silent; not the model this monitor does not write)", rounds)
+	}
+	results := map[string]string{}
+	for _, s := range rounds[0].Pairs {
+		results[s.Model] = s.Result
+	}
+	if results["mine"] != dispatch.ResultOK || results["silent"] != dispatch.ResultNoResponders {
+		t.Errorf("results %v", results)
+	}
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"workermon_rescheduler_pairs_total", map[string]string{"policy": "decode_load"}, 2},
+		{"workermon_rescheduler_answers_total", map[string]string{"policy": "decode_load", "result": "ok"}, 1},
+		{"workermon_rescheduler_answers_total", map[string]string{"policy": "decode_load", "result": "no_responders"}, 1},
+		{"workermon_rescheduler_migrated_requests_total", map[string]string{"policy": "decode_load"}, 1},
+	} {
+		if v, _ := promtest.Value(t, reg, c.name, c.labels); v != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)
+		}
+	}
+}

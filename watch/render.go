@@ -1,0 +1,327 @@
+package watch
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/workermon/workermon/events"
+)
+
+// lineTime is the layout of a line's time: RFC 3339 with milliseconds.
+const lineTime = "2006-01-02T15:04:05.000Z07:00"
+
+// lineWriter writes the Lines rendering.
+type lineWriter struct {
+	w   io.Writer
+	buf bytes.Buffer
+}
+
+// write writes one line per change, in one write.
+func (l *lineWriter) write(changes []Change) error {
+	l.buf.Reset()
+	for _, c := range changes {
+		l.buf.WriteString(FormatLine(c))
+		l.buf.WriteByte('\n')
+	}
+	_, err := l.w.Write(l.buf.Bytes())
+	return err
+}
+
+// FormatLine renders a change as one line:
+//
+//	2026-11-10T12:00:00.123Z model=Qwen/Qwen3-0.6B all_busy=false busy=[11] free=[12 13] stale=[] amber=[12] hard=[] reasons=[11:kv] thresholds=[kv>0.8 prefill>2048]
+//	2026-11-10T12:00:09.456Z model=Qwen/Qwen3-0.6B deleted
+//
+// A model name with a space, a quote, '=' or a character that is not
+// printable is quoted.
+func FormatLine(c Change) string {
+	var b strings.Builder
+	b.WriteString(c.At.Format(lineTime))
+	b.WriteString(" model=")
+	b.WriteString(quoteModel(c.Model))
+	if c.Record == nil {
+		b.WriteString(" deleted")
+		return b.String()
+	}
+	r := &c.Record.BusySet
+	b.WriteString(" all_busy=")
+	b.WriteString(strconv.FormatBool(r.AllBusy))
+	for _, l := range []struct {
+		name string
+		ids  []uint64
+	}{{"busy", r.Busy}, {"free", r.Free}, {"stale", r.Stale}, {"amber", r.Amber}, {"hard", r.Hard}} {
+		b.WriteString(" " + l.name + "=[")
+		for i, id := range l.ids {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString(strconv.FormatUint(id, 10))
+		}
+		b.WriteByte(']')
+	}
+	b.WriteString(" reasons=[")
+	for i, id := range r.Busy {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(strconv.FormatUint(id, 10) + ":" + reasonOf(r, id))
+	}
+	b.WriteString("] thresholds=[" + thresholdsText(r.Thresholds, " ") + "]")
+	return b.String()
+}
+
+func quoteModel(m string) string {
+	if strings.ContainsAny(m, " \"=") || strings.ContainsFunc(m, func(r rune) bool { return r < ' ' || r == 0x7f || r == utf8.RuneError }) {
+		return strconv.Quote(m)
+	}
+	return m
+}
+
+// reasonOf returns why a busy worker is busy, "?" when the record does not
+// say.
+func reasonOf(r *events.BusySet, id uint64) string {
+	if s, ok := r.Reasons[strconv.FormatUint(id, 10)]; ok && s != "" {
+		return s
+	}
+	return "?"
+}
+
+// thresholdsText renders the thresholds in force: kv>0.8 prefill>2048
+// prefill>0.5×max; "none" when none is set.
+func thresholdsText(t events.Thresholds, sep string) string {
+	var parts []string
+	if t.ActiveDecodeBlocks != nil {
+		parts = append(parts, "kv>"+strconv.FormatFloat(*t.ActiveDecodeBlocks, 'g', -1, 64))
+	}
+	if t.ActivePrefillTokens != nil {
+		parts = append(parts, "prefill>"+strconv.FormatUint(*t.ActivePrefillTokens, 10))
+	}
+	if t.ActivePrefillTokensFrac != nil {
+		parts = append(parts, "prefill>"+strconv.FormatFloat(*t.ActivePrefillTokensFrac, 'g', -1, 64)+"×max")
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, sep)
+}
+
+// ANSI escapes of the screen.
+const (
+	escHome      = "\x1b[H"
+	escClearEOL  = "\x1b[K"
+	escClearDown = "\x1b[J"
+	escAltOn     = "\x1b[?1049h\x1b[?25l" // alternate screen, cursor hidden
+	escAltOff    = "\x1b[?25h\x1b[?1049l"
+	escReset     = "\x1b[0m"
+	escBold      = "\x1b[1m"
+	escDim       = "\x1b[2m"
+	escRed       = "\x1b[31m"
+	escGreen     = "\x1b[32m"
+	escYellow    = "\x1b[33m"
+	escMagenta   = "\x1b[35m"
+	escAlarm     = "\x1b[1;97;41m" // bold white on red
+	escOK        = "\x1b[30;42m"   // black on green
+	escHard      = "\x1b[1;4;31m"  // bold underlined red
+)
+
+// runScreen redraws the screen on every change (at most every Redraw) and
+// every second (the ages), until ctx ends.
+func runScreen(ctx context.Context, cfg Config, s *sink) error {
+	if _, err := io.WriteString(cfg.Out, escAltOn); err != nil {
+		return fmt.Errorf("watch: write: %w", err)
+	}
+	defer func() { _, _ = io.WriteString(cfg.Out, escAltOff) }()
+	sc := &screen{cfg: cfg}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var last time.Time
+	for {
+		if err := sc.draw(s.records(), cfg.Now()); err != nil {
+			return err
+		}
+		last = time.Now()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		case <-s.changed:
+			// Coalesce: wait out the rest of the redraw interval.
+			if wait := cfg.Redraw - time.Since(last); wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return nil
+				case <-t.C:
+				}
+			}
+		}
+	}
+}
+
+// screen renders the Screen view.
+type screen struct {
+	cfg   Config
+	buf   bytes.Buffer
+	lines []string
+}
+
+// draw renders recs as of now and writes the whole screen in one write.
+func (sc *screen) draw(recs []*Record, now time.Time) error {
+	cols, rows := DefaultWidth, DefaultHeight
+	if sc.cfg.Size != nil {
+		if c, r := sc.cfg.Size(); c > 0 && r > 0 {
+			cols, rows = c, r
+		}
+	}
+	lines := sc.render(recs, now, cols)
+	if len(lines) > rows {
+		more := len(lines) - rows + 1
+		lines = append(lines[:rows-1], sc.paint(escDim, fmt.Sprintf("… %d more lines: enlarge the terminal or pick one model with --model", more)))
+	}
+	sc.buf.Reset()
+	sc.buf.WriteString(escHome)
+	for _, l := range lines {
+		sc.buf.WriteString(l)
+		sc.buf.WriteString(escClearEOL + "\r\n")
+	}
+	sc.buf.WriteString(escClearDown)
+	if _, err := sc.cfg.Out.Write(sc.buf.Bytes()); err != nil {
+		return fmt.Errorf("watch: write: %w", err)
+	}
+	return nil
+}
+
+// paint wraps s in an ANSI colour when colours are on.
+func (sc *screen) paint(esc, s string) string {
+	if !sc.cfg.Color || esc == "" {
+		return s
+	}
+	return esc + s + escReset
+}
+
+// Render returns the Screen view of recs at now, cols wide, without
+// escapes other than colours (when cfg.Color).
+func Render(cfg Config, recs []*Record, now time.Time, cols int) []string {
+	sc := &screen{cfg: cfg}
+	return sc.render(recs, now, cols)
+}
+
+func (sc *screen) render(recs []*Record, now time.Time, cols int) []string {
+	sc.lines = sc.lines[:0]
+	head := "workermon watch  " + now.Format("15:04:05") + "  " + events.BusyBucket
+	if sc.cfg.Header != "" {
+		head += "  " + sc.cfg.Header
+	}
+	head += "  (Ctrl-C quits)"
+	sc.lines = append(sc.lines, sc.paint(escBold, clip(head, cols)))
+	switch {
+	case recs == nil:
+		sc.lines = append(sc.lines, "", "loading the bucket…")
+		return sc.lines
+	case len(recs) == 0 && sc.cfg.Model != "":
+		sc.lines = append(sc.lines, "", "no record of model "+quoteModel(sc.cfg.Model)+": no monitor lists it")
+		return sc.lines
+	case len(recs) == 0:
+		sc.lines = append(sc.lines, "", "no record: no monitor lists a model")
+		return sc.lines
+	}
+	for _, r := range recs {
+		sc.model(r, now, cols)
+	}
+	return sc.lines
+}
+
+// model renders one model: a header line, its thresholds and one wrapped
+// block per list.
+func (sc *screen) model(r *Record, now time.Time, cols int) {
+	b := &r.BusySet
+	age := now.Sub(r.Received)
+	if u := time.Unix(0, b.UpdatedAt); b.UpdatedAt > 0 && now.Sub(u) > age {
+		age = now.Sub(u)
+	}
+	var status string
+	switch {
+	case age > sc.cfg.StaleAfter:
+		status = sc.paint(escDim, "STALE RECORD (routers admit)")
+	case b.AllBusy:
+		status = sc.paint(escAlarm, " ALL BUSY ")
+	default:
+		status = sc.paint(escOK, " admitting ")
+	}
+	sc.lines = append(sc.lines, "",
+		sc.paint(escBold, quoteModel(b.Model))+"  "+status+fmt.Sprintf("  busy %d  free %d  stale %d  amber %d  hard %d",
+			len(b.Busy), len(b.Free), len(b.Stale), len(b.Amber), len(b.Hard)),
+		"  thresholds "+thresholdsText(b.Thresholds, "  ")+
+			sc.paint(escDim, fmt.Sprintf("   updated %s ago by %s, epoch %d", age.Round(100*time.Millisecond), b.MonitorID, b.Epoch)))
+	hard := map[uint64]bool{}
+	for _, id := range b.Hard {
+		hard[id] = true
+	}
+	amber := map[uint64]bool{}
+	for _, id := range b.Amber {
+		amber[id] = true
+	}
+	sc.list("busy", b.Busy, cols, func(id uint64) (string, string) {
+		reason := reasonOf(b, id)
+		switch {
+		case reason == events.ReasonCordoned:
+			return strconv.FormatUint(id, 10) + ":cordoned", escMagenta
+		case hard[id]:
+			return strconv.FormatUint(id, 10) + ":" + reason + "!", escHard
+		}
+		return strconv.FormatUint(id, 10) + ":" + reason, escRed
+	})
+	sc.list("free", b.Free, cols, func(id uint64) (string, string) {
+		if amber[id] {
+			return strconv.FormatUint(id, 10) + "~", escYellow
+		}
+		return strconv.FormatUint(id, 10), escGreen
+	})
+	sc.list("stale", b.Stale, cols, func(id uint64) (string, string) { return strconv.FormatUint(id, 10), escDim })
+}
+
+// list renders ids after a label, wrapped at cols; each id as item makes
+// it (its text and colour).
+func (sc *screen) list(label string, ids []uint64, cols int, item func(uint64) (string, string)) {
+	prefix := fmt.Sprintf("  %-6s ", label)
+	indent := strings.Repeat(" ", len(prefix))
+	if len(ids) == 0 {
+		sc.lines = append(sc.lines, prefix+"—")
+		return
+	}
+	var line strings.Builder
+	line.WriteString(prefix)
+	width := len(prefix)
+	for _, id := range ids {
+		text, esc := item(id)
+		if width > len(prefix) && width+1+len(text) > cols {
+			sc.lines = append(sc.lines, line.String())
+			line.Reset()
+			line.WriteString(indent)
+			width = len(indent)
+		}
+		if width > len(prefix) {
+			line.WriteByte(' ')
+			width++
+		}
+		line.WriteString(sc.paint(esc, text))
+		width += len(text)
+	}
+	sc.lines = append(sc.lines, line.String())
+}
+
+// clip cuts s to n runes.
+func clip(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:max(n-1, 0)]) + "…"
+}
