@@ -97,40 +97,7 @@ func latchOf(reason string) Checks {
 // below its release level. With margin 0 the release level is the
 // threshold: exactly §5. Arithmetic in float64, left to right.
 func RankChecks(t events.Thresholds, l RankLoad, margin float64, latched Checks) Checks {
-	release := 1 - margin
-	var c Checks
-	if t.ActiveDecodeBlocks != nil && l.KVTotalBlocks > 0 {
-		level := *t.ActiveDecodeBlocks * float64(l.KVTotalBlocks)
-		if latched&CheckDecode != 0 {
-			level = release * *t.ActiveDecodeBlocks * float64(l.KVTotalBlocks)
-		}
-		if float64(l.ActiveDecodeBlocks) > level {
-			c |= CheckDecode
-		}
-	}
-	if t.ActivePrefillTokens != nil {
-		above := l.ActivePrefillTokens > *t.ActivePrefillTokens
-		if latched&CheckPrefill != 0 {
-			above = float64(l.ActivePrefillTokens) > release*float64(*t.ActivePrefillTokens)
-		}
-		if above {
-			c |= CheckPrefill
-		}
-	}
-	if t.ActivePrefillTokensFrac != nil {
-		capacity := l.MaxNumBatchedTokens
-		if capacity == 0 {
-			capacity = events.DefaultMaxNumBatchedTokens
-		}
-		level := math.Trunc(*t.ActivePrefillTokensFrac * float64(capacity))
-		if latched&CheckPrefillFrac != 0 {
-			level = math.Trunc(release * *t.ActivePrefillTokensFrac * float64(capacity))
-		}
-		if float64(l.ActivePrefillTokens) > level {
-			c |= CheckPrefillFrac
-		}
-	}
-	return c
+	return checksAt(t, l, 1, false, margin, latched)
 }
 
 // Level is a rank's or a worker's place on the graded scale of priority
@@ -217,15 +184,19 @@ func RankLevel(t events.Thresholds, l RankLoad, f Fractions) Level {
 // blocks ≤ (1 − m) × f × threshold × total releases an amber decode check.
 func RankLevels(t events.Thresholds, l RankLoad, f Fractions, margin float64, latched Latch) Latch {
 	return Latch{
-		Amber: levelChecks(t, l, f.Shed, false, margin, latched.Amber),
-		Busy:  RankChecks(t, l, margin, latched.Busy),
-		Hard:  levelChecks(t, l, f.Critical, true, margin, latched.Hard),
+		Amber: checksAt(t, l, f.Shed, false, margin, latched.Amber),
+		Busy:  checksAt(t, l, 1, false, margin, latched.Busy),
+		Hard:  checksAt(t, l, f.Critical, true, margin, latched.Hard),
 	}
 }
 
-// levelChecks is RankChecks with every threshold scaled by frac, the decode
-// level capped at the whole cache when capDecode (the hard level).
-func levelChecks(t events.Thresholds, l RankLoad, frac float64, capDecode bool, margin float64, latched Checks) Checks {
+// checksAt applies the busy checks with every threshold scaled by frac
+// (1 for the busy level itself), the decode level capped at the whole cache
+// when capDecode (the hard level). The products are taken left to right as
+// the contract writes them; a factor of 1 leaves them exact, so the busy
+// level is §5's arithmetic. At frac 1 the unlatched token check compares
+// integers, as §5 does.
+func checksAt(t events.Thresholds, l RankLoad, frac float64, capDecode bool, margin float64, latched Checks) Checks {
 	release := 1 - margin
 	var c Checks
 	if t.ActiveDecodeBlocks != nil && l.KVTotalBlocks > 0 {
@@ -246,11 +217,16 @@ func levelChecks(t events.Thresholds, l RankLoad, frac float64, capDecode bool, 
 		}
 	}
 	if t.ActivePrefillTokens != nil {
-		level := frac * float64(*t.ActivePrefillTokens)
-		if latched&CheckPrefill != 0 {
-			level = release * frac * float64(*t.ActivePrefillTokens)
+		var above bool
+		switch {
+		case latched&CheckPrefill != 0:
+			above = float64(l.ActivePrefillTokens) > release*frac*float64(*t.ActivePrefillTokens)
+		case frac == 1:
+			above = l.ActivePrefillTokens > *t.ActivePrefillTokens
+		default:
+			above = float64(l.ActivePrefillTokens) > frac*float64(*t.ActivePrefillTokens)
 		}
-		if float64(l.ActivePrefillTokens) > level {
+		if above {
 			c |= CheckPrefill
 		}
 	}

@@ -1,6 +1,7 @@
 package monitor
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -440,4 +441,127 @@ func TestClassifyLevels(t *testing.T) {
 			}
 		})
 	}
+}
+
+// contractChecks is the contract's arithmetic for one level, written out as
+// §5, §12 and §15 spell it, level by level: the oracle of FuzzRankLevels.
+func contractChecks(t events.Thresholds, l RankLoad, lvl Level, f Fractions, m float64, latched Checks) Checks {
+	var c Checks
+	capacity := float64(l.MaxNumBatchedTokens)
+	if l.MaxNumBatchedTokens == 0 {
+		capacity = events.DefaultMaxNumBatchedTokens
+	}
+	decode, tokens := float64(l.ActiveDecodeBlocks), float64(l.ActivePrefillTokens)
+	total := float64(l.KVTotalBlocks)
+	var decodeLevel, tokensLevel, fracLevel float64
+	switch lvl {
+	case LevelBusy:
+		if t.ActiveDecodeBlocks != nil {
+			decodeLevel = *t.ActiveDecodeBlocks * total
+			if latched&CheckDecode != 0 {
+				decodeLevel = (1 - m) * *t.ActiveDecodeBlocks * total
+			}
+		}
+		if t.ActivePrefillTokens != nil {
+			tokensLevel = (1 - m) * float64(*t.ActivePrefillTokens)
+		}
+		if t.ActivePrefillTokensFrac != nil {
+			fracLevel = math.Trunc(*t.ActivePrefillTokensFrac * capacity)
+			if latched&CheckPrefillFrac != 0 {
+				fracLevel = math.Trunc((1 - m) * *t.ActivePrefillTokensFrac * capacity)
+			}
+		}
+	case LevelAmber, LevelHard:
+		fr := f.Shed
+		if lvl == LevelHard {
+			fr = f.Critical
+		}
+		if t.ActiveDecodeBlocks != nil {
+			if lvl == LevelHard {
+				decodeLevel = math.Min(fr**t.ActiveDecodeBlocks, 1) * total
+				if latched&CheckDecode != 0 {
+					decodeLevel = (1 - m) * math.Min(fr**t.ActiveDecodeBlocks, 1) * total
+				}
+			} else {
+				decodeLevel = fr * *t.ActiveDecodeBlocks * total
+				if latched&CheckDecode != 0 {
+					decodeLevel = (1 - m) * fr * *t.ActiveDecodeBlocks * total
+				}
+			}
+		}
+		if t.ActivePrefillTokens != nil {
+			tokensLevel = fr * float64(*t.ActivePrefillTokens)
+			if latched&CheckPrefill != 0 {
+				tokensLevel = (1 - m) * fr * float64(*t.ActivePrefillTokens)
+			}
+		}
+		if t.ActivePrefillTokensFrac != nil {
+			fracLevel = math.Trunc(fr * *t.ActivePrefillTokensFrac * capacity)
+			if latched&CheckPrefillFrac != 0 {
+				fracLevel = math.Trunc((1 - m) * fr * *t.ActivePrefillTokensFrac * capacity)
+			}
+		}
+	}
+	if t.ActiveDecodeBlocks != nil && l.KVTotalBlocks > 0 && decode > decodeLevel {
+		c |= CheckDecode
+	}
+	if t.ActivePrefillTokens != nil {
+		// §5 compares the token counts as integers; a latched check
+		// compares with its float64 release level.
+		above := tokens > tokensLevel
+		if lvl == LevelBusy && latched&CheckPrefill == 0 {
+			above = l.ActivePrefillTokens > *t.ActivePrefillTokens
+		}
+		if above {
+			c |= CheckPrefill
+		}
+	}
+	if t.ActivePrefillTokensFrac != nil && tokens > fracLevel {
+		c |= CheckPrefillFrac
+	}
+	return c
+}
+
+// FuzzRankLevels checks every level of RankLevels, and RankChecks, against
+// the contract's arithmetic written out level by level.
+func FuzzRankLevels(f *testing.F) {
+	f.Add(0.8, uint64(1000), 0.5, uint64(81), uint64(100), uint64(1001), uint64(8192), 0.8, 1.1, 0.1, uint8(7), uint8(0), uint8(7))
+	f.Add(0.1, uint64(10), 0.3333, uint64(3), uint64(30), uint64(4), uint64(10), 1.0, 1.0, 0.0, uint8(7), uint8(7), uint8(7))
+	f.Add(0.9, uint64(1<<60), 0.5, uint64(1<<62), uint64(1<<61), uint64(1<<60+1), uint64(0), 0.95, 1.2, 0.2, uint8(1), uint8(2), uint8(4))
+	f.Fuzz(func(t *testing.T, decodeT float64, tokensT uint64, fracT float64, decode, total, tokens, batched uint64,
+		shed, critical, margin float64, set, latchedAmber, latchedHard uint8) {
+		for _, v := range []float64{decodeT, fracT, shed, critical, margin} {
+			if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+				t.Skip()
+			}
+		}
+		if margin >= 1 || shed == 0 || shed > 1 || critical < 1 {
+			t.Skip()
+		}
+		var th events.Thresholds
+		if set&1 != 0 {
+			th.ActiveDecodeBlocks = &decodeT
+		}
+		if set&2 != 0 {
+			th.ActivePrefillTokens = &tokensT
+		}
+		if set&4 != 0 {
+			th.ActivePrefillTokensFrac = &fracT
+		}
+		l := RankLoad{ActiveDecodeBlocks: decode, KVTotalBlocks: total, ActivePrefillTokens: tokens, MaxNumBatchedTokens: batched}
+		fr := Fractions{Shed: shed, Critical: critical}
+		latched := Latch{Amber: Checks(latchedAmber) & checkAll, Busy: Checks(set>>3) & checkAll, Hard: Checks(latchedHard) & checkAll}
+		got := RankLevels(th, l, fr, margin, latched)
+		want := Latch{
+			Amber: contractChecks(th, l, LevelAmber, fr, margin, latched.Amber),
+			Busy:  contractChecks(th, l, LevelBusy, fr, margin, latched.Busy),
+			Hard:  contractChecks(th, l, LevelHard, fr, margin, latched.Hard),
+		}
+		if got != want {
+			t.Fatalf("RankLevels(%+v, %+v, %+v, %v, %+v) = %+v, want %+v", th, l, fr, margin, latched, got, want)
+		}
+		if c := RankChecks(th, l, margin, latched.Busy); c != want.Busy {
+			t.Fatalf("RankChecks = %v, want %v", c, want.Busy)
+		}
+	})
 }
