@@ -203,6 +203,13 @@ type Writer struct {
 	now     func() time.Time
 	metrics writerMetrics
 
+	// givenMu serializes Set and Delete; given is the last set Set was
+	// given for each model. Set compares a new set with it under givenMu
+	// alone, so that the comparison, as long as the model's lists, does not
+	// hold mu, which the completions of writes wait for.
+	givenMu sync.Mutex
+	given   map[string]events.BusySet
+
 	// mu guards the state of every key and partition, which Set and Delete,
 	// the completions of writes (on NATS's goroutines) and Run share.
 	mu       sync.Mutex
@@ -278,6 +285,7 @@ func NewWriter(cfg WriterConfig) (*Writer, error) {
 		cfg:      cfg,
 		log:      cfg.Logger,
 		now:      cfg.Now,
+		given:    make(map[string]events.BusySet),
 		recs:     make(map[string]*writerRecord),
 		known:    make(map[string]struct{}),
 		parts:    make([]writerPart, cfg.Partitions),
@@ -315,10 +323,17 @@ func (w *Writer) Set(set events.BusySet) {
 		w.log.Error("busylist: dropping the busy set of an invalid model", "err", err)
 		return
 	}
+	w.givenMu.Lock()
+	defer w.givenMu.Unlock()
+	last, ok := w.given[set.Model]
+	same := ok && writerSameContent(&last, &set)
+	w.given[set.Model] = set
 	w.mu.Lock()
 	w.known[set.Model] = struct{}{}
 	rec := w.recordLocked(set.Model)
-	if rec.has && !rec.del && !rec.orphan && writerSameContent(&rec.content, &set) {
+	// Only Set writes rec.content, so a record that has content has the
+	// last set given.
+	if same && rec.has && !rec.del && !rec.orphan {
 		w.mu.Unlock()
 		return
 	}
@@ -354,6 +369,9 @@ func (w *Writer) Pending(model string) bool {
 
 // Delete records that a model is gone: its key is deleted. It never blocks.
 func (w *Writer) Delete(model string) {
+	w.givenMu.Lock()
+	defer w.givenMu.Unlock()
+	delete(w.given, model)
 	w.mu.Lock()
 	delete(w.known, model)
 	rec := w.recs[model]
