@@ -141,37 +141,32 @@ func (s *state) applyReport(r *events.LoadReport, now time.Time) string {
 		}
 		w.left = false // a new boot: the worker is back
 	}
-	src := w.sources[r.Source]
+	src := w.source(r.Source)
 	switch {
 	case src == nil:
 		if len(w.sources) >= s.cfg.MaxSourcesPerWorker {
 			return rejectSources
 		}
-		src = &sourceState{bootID: r.BootID, router: events.IsRouterSource(r.Source), ranks: make(map[uint32]*rankState)}
-		w.sources[r.Source] = src
+		src = &sourceState{name: r.Source, bootID: r.BootID, router: events.IsRouterSource(r.Source)}
+		w.sources = append(w.sources, src)
 	case src.bootID != r.BootID:
 		if r.SentAt <= src.sentAt {
 			return rejectDeadBoot
 		}
 		// The publisher restarted: its old state goes.
-		*src = sourceState{bootID: r.BootID, router: src.router, ranks: make(map[uint32]*rankState)}
+		*src = sourceState{name: src.name, bootID: r.BootID, router: src.router, ranks: src.ranks[:0]}
 	case r.Seq <= src.seq:
 		return rejectDuplicate
 	}
 	if src.start != r.DPStart || src.size != r.DPSize {
-		for rank := range src.ranks {
-			if rank < r.DPStart || uint64(rank) >= uint64(r.DPStart)+uint64(r.DPSize) {
-				delete(src.ranks, rank)
-			}
-		}
+		lo, hi := uint64(r.DPStart), uint64(r.DPStart)+uint64(r.DPSize)
+		src.ranks = slices.DeleteFunc(src.ranks, func(rs rankState) bool {
+			return uint64(rs.rank) < lo || uint64(rs.rank) >= hi
+		})
 		src.start, src.size = r.DPStart, r.DPSize
 	}
 	src.seq, src.sentAt, src.heard = r.Seq, r.SentAt, now
-	rs := src.ranks[r.DPRank]
-	if rs == nil {
-		rs = &rankState{}
-		src.ranks[r.DPRank] = rs
-	}
+	rs := src.rank(r.DPRank)
 	for i, o := range [numSignals]events.Optional{r.ActiveDecodeBlocks, r.KVTotalBlocks, r.ActivePrefillTokens, r.MaxNumBatchedTokens} {
 		if o.Set {
 			rs.load[i] = o
@@ -193,7 +188,7 @@ func (s *state) applyGoodbye(g *events.Goodbye, now time.Time) string {
 	if w.left {
 		return rejectAfterGoodbye
 	}
-	src := w.sources[g.Source]
+	src := w.source(g.Source)
 	if src != nil && src.bootID != g.BootID && g.SentAt <= src.sentAt {
 		return rejectDeadBoot
 	}
@@ -202,7 +197,7 @@ func (s *state) applyGoodbye(g *events.Goodbye, now time.Time) string {
 			return rejectUnknown
 		}
 		heard := w.lastHeard()
-		delete(w.sources, g.Source)
+		w.dropSource(g.Source)
 		s.evaluate(w, now)
 		if len(w.sources) == 0 {
 			// Nothing left to hear from: stale, and removed after gone-after
@@ -211,7 +206,7 @@ func (s *state) applyGoodbye(g *events.Goodbye, now time.Time) string {
 		}
 		return ""
 	}
-	clear(w.sources)
+	w.sources = nil
 	w.left, w.leftBoot, w.leftSentAt, w.leftAt = true, g.BootID, g.SentAt, now
 	m.setClass(w, ClassNone, 0, LevelFree)
 	s.markDirty(m)
@@ -220,7 +215,7 @@ func (s *state) applyGoodbye(g *events.Goodbye, now time.Time) string {
 }
 
 func (s *state) newWorker(m *model, id uint64) *worker {
-	w := &worker{id: id, idText: strconv.FormatUint(id, 10), model: m, sources: make(map[string]*sourceState), heapIndex: -1}
+	w := &worker{id: id, idText: strconv.FormatUint(id, 10), model: m, heapIndex: -1}
 	m.workers[id] = w
 	return w
 }
@@ -293,21 +288,17 @@ func (s *state) check(w *worker, now time.Time) {
 	goneBefore := now.Add(-s.cfg.GoneAfter)
 	staleBefore := now.Add(-s.cfg.StaleAfter)
 	var next time.Time
-	for name, src := range w.sources {
-		for rank, rs := range src.ranks {
-			switch {
-			case !rs.heard.After(goneBefore):
-				delete(src.ranks, rank)
-			case rs.heard.After(staleBefore):
+	for _, src := range w.sources {
+		src.ranks = slices.DeleteFunc(src.ranks, func(rs rankState) bool { return !rs.heard.After(goneBefore) })
+		for i := range src.ranks {
+			if rs := &src.ranks[i]; rs.heard.After(staleBefore) {
 				if t := rs.heard.Add(s.cfg.StaleAfter); next.IsZero() || t.Before(next) {
 					next = t
 				}
 			}
 		}
-		if len(src.ranks) == 0 {
-			delete(w.sources, name)
-		}
 	}
+	w.sources = slices.DeleteFunc(w.sources, func(src *sourceState) bool { return len(src.ranks) == 0 })
 	if len(w.sources) == 0 {
 		s.removeWorker(w)
 		return
@@ -323,8 +314,8 @@ func (s *state) check(w *worker, now time.Time) {
 func oldestHeard(w *worker) time.Time {
 	var t time.Time
 	for _, src := range w.sources {
-		for _, rs := range src.ranks {
-			if t.IsZero() || rs.heard.Before(t) {
+		for i := range src.ranks {
+			if rs := &src.ranks[i]; t.IsZero() || rs.heard.Before(t) {
 				t = rs.heard
 			}
 		}

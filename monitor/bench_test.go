@@ -140,13 +140,14 @@ func benchReport(b *testing.B, workers int, mode string) {
 // BenchmarkApplyScale measures the apply of one steady report (state
 // update, busy rules, no record change: decoding is BenchmarkDecodeLoadReport
 // of package events, a constant) with 1,000 to 100,000 workers of 8 ranks,
-// 1,000 workers per model, every rank reporting in turn; and the heap the
+// and 1,000 of one rank, 1,000 workers per model, every rank reporting in turn; and the heap the
 // state holds per rank (heap-B/rank, the live heap after a collection
 // beside the empty state's). The cost must stay flat as the fleet grows.
 func BenchmarkApplyScale(b *testing.B) {
-	for _, workers := range []int{1_000, 10_000, 100_000} {
-		b.Run(fmt.Sprintf("workers=%d/ranks=8", workers), func(b *testing.B) {
-			const ranks, perModel = 8, 1000
+	for _, sc := range []struct{ workers, ranks int }{{1_000, 1}, {1_000, 8}, {10_000, 8}, {100_000, 8}} {
+		workers, ranks := sc.workers, sc.ranks
+		b.Run(fmt.Sprintf("workers=%d/ranks=%d", workers, ranks), func(b *testing.B) {
+			const perModel = 1000
 			cfg := DefaultConfig()
 			cfg.Defaults.ActiveDecodeBlocks = events.Ptr(0.8)
 			m, err := newMetrics(nil, func() float64 { return 0 })
@@ -169,7 +170,7 @@ func BenchmarkApplyScale(b *testing.B) {
 				w := (i / ranks) % workers
 				seqs[w]++
 				msg.report = events.LoadReport{Model: models[w/perModel], WorkerID: uint64(w), DPRank: uint32(i % ranks),
-					DPSize: ranks, Source: events.SourceEngine, ActiveDecodeBlocks: events.Some(used),
+					DPSize: uint32(ranks), Source: events.SourceEngine, ActiveDecodeBlocks: events.Some(used),
 					KVTotalBlocks: events.Some(100), BootID: 1, Seq: seqs[w], SentAt: 1}
 				s.handle(&msg, now)
 			}

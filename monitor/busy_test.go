@@ -1,7 +1,9 @@
 package monitor
 
 import (
+	"maps"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -65,19 +67,29 @@ func TestReasonString(t *testing.T) {
 	}
 }
 
+// sourcesOf names the sources of a table row, in the order of their names.
+func sourcesOf(byName map[string]*sourceState) []*sourceState {
+	var out []*sourceState
+	for _, name := range slices.Sorted(maps.Keys(byName)) {
+		byName[name].name = name
+		out = append(out, byName[name])
+	}
+	return out
+}
+
 // src builds a source state heard at heard, with ranks [start, start+size)
 // declared and the given ranks' loads (decode, total, prefill, max batched;
 // a negative value is absent).
 func src(start, size uint32, heard time.Time, ranks map[uint32][4]int64) *sourceState {
-	s := &sourceState{start: start, size: size, heard: heard, ranks: map[uint32]*rankState{}}
+	s := &sourceState{start: start, size: size, heard: heard}
 	for rank, l := range ranks {
-		rs := &rankState{heard: heard}
+		rs := s.rank(rank)
+		rs.heard = heard
 		for i, v := range l {
 			if v >= 0 {
 				rs.load[i] = events.Some(uint64(v))
 			}
 		}
-		s.ranks[rank] = rs
 	}
 	return s
 }
@@ -106,7 +118,7 @@ func TestClassify(t *testing.T) {
 		{"DP: all busy, reasons unite", map[string]*sourceState{"engine": src(4, 2, fresh, map[uint32][4]int64{4: busyKV, 5: busyPF})}, ClassBusy, ReasonKV | ReasonPrefill},
 		{"DP: stale rank counts free", func() map[string]*sourceState {
 			s := src(0, 2, fresh, map[uint32][4]int64{0: busyKV, 1: busyKV})
-			s.ranks[1].heard = old
+			s.find(1).heard = old
 			return map[string]*sourceState{"engine": s}
 		}(), ClassFree, 0},
 		{"sources: router high hides nothing", map[string]*sourceState{
@@ -142,7 +154,7 @@ func TestClassify(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var sc scratch
-			c, r, _ := classify(th, Fractions{Shed: DefaultShedFraction, Critical: DefaultCriticalFraction}, &worker{sources: tt.sources}, 0, freshAfter, &sc)
+			c, r, _ := classify(th, Fractions{Shed: DefaultShedFraction, Critical: DefaultCriticalFraction}, &worker{sources: sourcesOf(tt.sources)}, 0, freshAfter, &sc)
 			if c != tt.wantClass || r != tt.wantReason {
 				t.Fatalf("classify = %v %q, want %v %q", c, r, tt.wantClass, tt.wantReason)
 			}
@@ -434,7 +446,7 @@ func TestClassifyLevels(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var sc scratch
-			w := &worker{sources: map[string]*sourceState{"engine": src(0, tt.size, fresh, tt.ranks)}}
+			w := &worker{sources: sourcesOf(map[string]*sourceState{"engine": src(0, tt.size, fresh, tt.ranks)})}
 			c, _, l := classify(th, def, w, 0, freshAfter, &sc)
 			if c != tt.wantClass || l != tt.wantLevel {
 				t.Fatalf("classify = %v %v, want %v %v", c, l, tt.wantClass, tt.wantLevel)

@@ -118,7 +118,7 @@ func (m *Monitor) Workers(ctx context.Context, model string) ([]WorkerRow, error
 			for _, id := range slices.Sorted(maps.Keys(md.workers)) {
 				w := md.workers[id]
 				row := WorkerRow{Model: md.name, WorkerID: id, State: w.class.String(), Reason: w.reason.String(),
-					Sources: append([]string{}, slices.Sorted(maps.Keys(w.sources))...), Ranks: []uint32{}}
+					Sources: sourceNames(w), Ranks: []uint32{}}
 				if w.class == ClassFree || w.class == ClassBusy {
 					row.Level = w.level.String()
 				}
@@ -130,8 +130,8 @@ func (m *Monitor) Workers(ctx context.Context, model string) ([]WorkerRow, error
 				}
 				ranks := map[uint32]struct{}{}
 				for _, src := range w.sources {
-					for r := range src.ranks {
-						ranks[r] = struct{}{}
+					for _, rs := range src.ranks {
+						ranks[rs.rank] = struct{}{}
 					}
 				}
 				row.Ranks = append(row.Ranks, slices.Sorted(maps.Keys(ranks))...)
@@ -140,6 +140,16 @@ func (m *Monitor) Workers(ctx context.Context, model string) ([]WorkerRow, error
 		}
 	})
 	return out, err
+}
+
+// sourceNames returns the names of w's sources, sorted.
+func sourceNames(w *worker) []string {
+	names := make([]string, 0, len(w.sources))
+	for _, src := range w.sources {
+		names = append(names, src.name)
+	}
+	slices.Sort(names)
+	return names
 }
 
 // Loads returns one row per worker and rank of model (every model when
@@ -161,8 +171,11 @@ func (m *Monitor) Loads(ctx context.Context, model string) ([]LoadRow, error) {
 func loadRows(md *model, w *worker, f Fractions, now, freshAfter time.Time) []LoadRow {
 	rows := map[uint32]*LoadRow{}
 	aggs := map[uint32]*rankAgg{}
-	for name, src := range w.sources {
-		for rank, rs := range src.ranks {
+	for _, src := range w.sources {
+		name := src.name
+		for i := range src.ranks {
+			rs := &src.ranks[i]
+			rank := rs.rank
 			row := rows[rank]
 			if row == nil {
 				row = &LoadRow{Model: md.name, WorkerID: w.id, DPRank: rank, Sources: map[string]SourceLoad{}, Stale: true,

@@ -22,27 +22,66 @@ const (
 
 // rankState is one (worker, rank, source) state.
 type rankState struct {
+	rank  uint32
 	load  [numSignals]events.Optional
 	heard time.Time // monitor clock
 }
 
 // sourceState is what one source of a worker has said, per rank.
 type sourceState struct {
+	name        string
 	bootID      uint64
 	seq         uint64
 	sentAt      int64
 	start, size uint32 // declared ranks [start, start+size)
 	router      bool   // a router's estimate (router/*), summed with other routers
 	heard       time.Time
-	ranks       map[uint32]*rankState
+	// ranks are the ranks heard, sorted by rank. An engine has a handful;
+	// a slice spares every report a map's hashing, and every evaluation a
+	// map iterator.
+	ranks []rankState
+}
+
+// find returns the state of rank r, or nil.
+func (src *sourceState) find(r uint32) *rankState {
+	if i, ok := src.search(r); ok {
+		return &src.ranks[i]
+	}
+	return nil
+}
+
+// rank returns the state of rank r, adding it when absent. The pointer is
+// valid until the next rank is added or removed.
+func (src *sourceState) rank(r uint32) *rankState {
+	i, ok := src.search(r)
+	if !ok {
+		src.ranks = slices.Insert(src.ranks, i, rankState{rank: r})
+	}
+	return &src.ranks[i]
+}
+
+// search returns where rank r is in src.ranks, or would be.
+func (src *sourceState) search(r uint32) (int, bool) {
+	lo, hi := 0, len(src.ranks)
+	for lo < hi {
+		h := int(uint(lo+hi) >> 1)
+		if src.ranks[h].rank < r {
+			lo = h + 1
+		} else {
+			hi = h
+		}
+	}
+	return lo, lo < len(src.ranks) && src.ranks[lo].rank == r
 }
 
 // worker is one engine instance of a model.
 type worker struct {
-	id      uint64
-	idText  string // id in decimal, the key of the record's reasons
-	model   *model
-	sources map[string]*sourceState
+	id     uint64
+	idText string // id in decimal, the key of the record's reasons
+	model  *model
+	// sources are the worker's sources: the engine and a few routers at
+	// most (MaxSourcesPerWorker), found by a scan.
+	sources []*sourceState
 	class   Class
 	reason  Reason
 	// level is the worker's level (contract §15): free or amber when class
@@ -65,6 +104,21 @@ type worker struct {
 
 	deadline  time.Time // next freshness check; see state.schedule
 	heapIndex int       // position in state.timers, -1 when not scheduled
+}
+
+// source returns w's source named name, or nil.
+func (w *worker) source(name string) *sourceState {
+	for _, src := range w.sources {
+		if src.name == name {
+			return src
+		}
+	}
+	return nil
+}
+
+// dropSource forgets w's source named name.
+func (w *worker) dropSource(name string) {
+	w.sources = slices.DeleteFunc(w.sources, func(src *sourceState) bool { return src.name == name })
 }
 
 // lastHeard is the latest time any source of w was heard.
@@ -245,11 +299,11 @@ func aggregate(w *worker, freshAfter time.Time, ranks map[uint32]rankAgg) {
 		if !src.heard.After(freshAfter) {
 			continue
 		}
-		for r, rs := range src.ranks {
-			if rs.heard.After(freshAfter) {
-				a := ranks[r]
+		for i := range src.ranks {
+			if rs := &src.ranks[i]; rs.heard.After(freshAfter) {
+				a := ranks[rs.rank]
 				a.add(rs, src.router)
-				ranks[r] = a
+				ranks[rs.rank] = a
 			}
 		}
 	}
@@ -327,13 +381,14 @@ func classify(t events.Thresholds, f Fractions, w *worker, margin float64, fresh
 		}
 	}
 	if len(sc.spans) == 1 {
-		for r, rs := range only.ranks {
+		for i := range only.ranks {
+			rs := &only.ranks[i]
 			if !rs.heard.After(freshAfter) {
 				continue
 			}
 			var a rankAgg
 			a.add(rs, only.router)
-			rank(r, a.load())
+			rank(rs.rank, a.load())
 		}
 	} else {
 		if sc.ranks == nil {
