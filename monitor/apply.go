@@ -58,10 +58,22 @@ func newState(cfg Config, sink Sink, m *metrics, log *slog.Logger) *state {
 }
 
 // decodeMessage parses a message's subject and decodes and checks its
-// payload with dec: the work Submit does in the sender's goroutine, so that
-// the monitor's goroutine only applies.
+// payload with dec.
+//
+// An engine's load report, most of the traffic, is decoded first, and its
+// subject left for the state to check (message.unchecked): the state knows
+// the subject each rank was last heard on, and parses and matches a subject
+// only when it is new for the rank. Any other message, and a load report
+// that does not decode, takes the full path, so every error is reported as
+// it would be there.
 func decodeMessage(prefix string, dec *events.Decoder, subject string, data []byte) message {
 	msg := message{subject: subject}
+	if isLoadSubject(prefix, subject) {
+		if r, err := dec.LoadReport(data); err == nil {
+			msg.kind, msg.report, msg.unchecked = events.KindLoad, r, true
+			return msg
+		}
+	}
 	subj, err := events.ParseSubject(prefix, subject)
 	if err != nil {
 		msg.err = err
@@ -82,6 +94,34 @@ func decodeMessage(prefix string, dec *events.Decoder, subject string, data []by
 	return msg
 }
 
+// isLoadSubject reports whether subject starts with prefix + ".load.": an
+// engine's load report if it parses (events.ParseSubject).
+func isLoadSubject(prefix, subject string) bool {
+	const kind = ".load."
+	return len(subject) > len(prefix)+len(kind) && subject[:len(prefix)] == prefix &&
+		subject[len(prefix):len(prefix)+len(kind)] == kind
+}
+
+// checkSubject checks the subject of an unchecked load report: at once when
+// the report's rank was last heard on the same subject, else by parsing it
+// and matching it with the report.
+func (s *state) checkSubject(r *events.LoadReport, subject string) error {
+	if m := s.models[r.Model]; m != nil {
+		if w := m.workers[r.WorkerID]; w != nil {
+			if src := w.source(r.Source); src != nil {
+				if rs := src.find(r.DPRank); rs != nil && rs.subject == subject {
+					return nil
+				}
+			}
+		}
+	}
+	subj, err := events.ParseSubject(s.cfg.SubjectPrefix, subject)
+	if err != nil {
+		return err
+	}
+	return r.Match(subj)
+}
+
 // handle applies one decoded message, or rejects it.
 func (s *state) handle(msg *message, now time.Time) {
 	if msg.err != nil {
@@ -90,7 +130,13 @@ func (s *state) handle(msg *message, now time.Time) {
 	}
 	switch msg.kind {
 	case events.KindLoad, events.KindEst:
-		if reason := s.applyReport(&msg.report, now); reason != "" {
+		if msg.unchecked {
+			if err := s.checkSubject(&msg.report, msg.subject); err != nil {
+				s.reject(events.Reason(err), msg.subject, err)
+				return
+			}
+		}
+		if reason := s.applyReport(&msg.report, msg.subject, now); reason != "" {
 			s.reject(reason, msg.subject, nil)
 			return
 		}
@@ -117,7 +163,8 @@ func (s *state) reject(reason, subject string, err error) {
 }
 
 // applyReport applies an accepted report; it returns a rejection reason or "".
-func (s *state) applyReport(r *events.LoadReport, now time.Time) string {
+// subject is the report's, checked.
+func (s *state) applyReport(r *events.LoadReport, subject string, now time.Time) string {
 	if r.DPSize > uint32(s.cfg.MaxRanksPerWorker) {
 		return rejectRanks
 	}
@@ -167,6 +214,9 @@ func (s *state) applyReport(r *events.LoadReport, now time.Time) string {
 	}
 	src.seq, src.sentAt, src.heard = r.Seq, r.SentAt, now
 	rs := src.rank(r.DPRank)
+	if rs.subject != subject {
+		rs.subject = subject
+	}
 	for i, o := range [numSignals]events.Optional{r.ActiveDecodeBlocks, r.KVTotalBlocks, r.ActivePrefillTokens, r.MaxNumBatchedTokens} {
 		if o.Set {
 			rs.load[i] = o

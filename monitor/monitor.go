@@ -159,6 +159,10 @@ type message struct {
 	report  events.LoadReport // kind KindLoad or KindEst
 	bye     events.Goodbye    // kind KindBye or KindEstBye
 	err     error             // parse, decode or check error: rejected
+	// unchecked: a load report whose subject has not been checked against
+	// it yet; the state checks it unless its rank was last heard on the
+	// same subject (state.checkSubject).
+	unchecked bool
 }
 
 // Monitor is the busy-set engine. Create it with New, run it with Run.

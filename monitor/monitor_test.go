@@ -369,6 +369,24 @@ func TestRejectsHostileInput(t *testing.T) {
 		}
 		h.send(good)
 		h.expect(nil, []uint64{1}, nil)
+
+		// The rank is now known on its subject: a report of it on any other
+		// subject is still parsed and matched, and rejected.
+		busy := h.report(1, 0, 90, 100)
+		b, _ = events.MarshalLoadReport(&busy)
+		h.raw("workermon.load.Qwen/Qwen3-0=2E6B.8.0", b) // another worker's
+		h.raw("workermon.load.Qwen/Qwen3-0=2E6B.1.1", b) // another rank's
+		h.raw("workermon.load.other.1.0", b)             // another model's
+		h.raw("workermon.load.Qwen/Qwen3-0=2E6B.1.0.x", b)
+		if got := h.rejected("mismatch"); got != 5 {
+			t.Errorf("rejected{mismatch} = %v after reports on foreign subjects, want 5", got)
+		}
+		if got := h.rejected("invalid_subject"); got != 2 {
+			t.Errorf("rejected{invalid_subject} = %v, want 2", got)
+		}
+		h.expect(nil, []uint64{1}, nil)
+		h.raw("workermon.load.Qwen/Qwen3-0=2E6B.1.0", b) // its own
+		h.expect([]uint64{1}, nil, nil)
 	})
 }
 

@@ -25,6 +25,10 @@ type rankState struct {
 	rank  uint32
 	load  [numSignals]events.Optional
 	heard time.Time // monitor clock
+	// subject is the subject the rank was last heard on. It was checked
+	// against a report of the same model, worker, rank and source, so a
+	// report on the same subject matches it too.
+	subject string
 }
 
 // sourceState is what one source of a worker has said, per rank.
