@@ -274,7 +274,8 @@ func (s *state) addModel(name string) *model {
 	if len(s.seen) < maxSeenModels {
 		s.seen[name] = struct{}{}
 	}
-	m := &model{name: name, workers: make(map[uint64]*worker), reasons: make(map[string]string)}
+	m := &model{name: name, workers: make(map[uint64]*worker), reasons: make(map[string]string),
+		metrics: s.metrics.forModel(name)}
 	m.thresholds = s.thresholdsOf(name)
 	s.models[name] = m
 	s.metrics.models.Set(float64(len(s.models)))
@@ -514,10 +515,10 @@ func (s *state) flushRecords(all bool) {
 		rec := m.record()
 		if rec.AllBusy != m.allBusy {
 			m.allBusy = rec.AllBusy
-			s.metrics.allBusyChanges.WithLabelValues(m.name).Inc()
+			m.metrics.allBusyChanges.Inc()
 		}
 		s.sink.Set(rec)
-		s.metrics.setWorkers(m)
+		m.metrics.setWorkers(m)
 	}
 	clear(s.dirty)
 	s.dirty = append(s.dirty[:0], deferred...)

@@ -64,12 +64,30 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 	return m, nil
 }
 
-func (m *metrics) setWorkers(md *model) {
-	m.workers.WithLabelValues(md.name, "busy").Set(float64(len(md.busy)))
-	m.workers.WithLabelValues(md.name, "free").Set(float64(len(md.free)))
-	m.workers.WithLabelValues(md.name, "stale").Set(float64(len(md.stale)))
-	m.workers.WithLabelValues(md.name, "amber").Set(float64(len(md.amber)))
-	m.workers.WithLabelValues(md.name, "hard").Set(float64(len(md.hard)))
+// modelMetrics are one model's series, looked up once when the model is
+// added rather than by label on every record.
+type modelMetrics struct {
+	busy, free, stale, amber, hard prometheus.Gauge
+	allBusyChanges                 prometheus.Counter
+}
+
+func (m *metrics) forModel(name string) modelMetrics {
+	return modelMetrics{
+		busy:           m.workers.WithLabelValues(name, "busy"),
+		free:           m.workers.WithLabelValues(name, "free"),
+		stale:          m.workers.WithLabelValues(name, "stale"),
+		amber:          m.workers.WithLabelValues(name, "amber"),
+		hard:           m.workers.WithLabelValues(name, "hard"),
+		allBusyChanges: m.allBusyChanges.WithLabelValues(name),
+	}
+}
+
+func (mm *modelMetrics) setWorkers(md *model) {
+	mm.busy.Set(float64(len(md.busy)))
+	mm.free.Set(float64(len(md.free)))
+	mm.stale.Set(float64(len(md.stale)))
+	mm.amber.Set(float64(len(md.amber)))
+	mm.hard.Set(float64(len(md.hard)))
 }
 
 func (m *metrics) forgetModel(name string) {

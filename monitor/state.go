@@ -146,8 +146,9 @@ type model struct {
 	amber, hard       []uint64          // free workers at amber, busy workers at hard (§15)
 	reasons           map[string]string // of the busy workers, by decimal id
 	allBusy           bool              // in the last record flushed
-	dirty             bool              // the record changed since the last flush
-	queued            bool              // in state.dirty
+	metrics           modelMetrics
+	dirty             bool // the record changed since the last flush
+	queued            bool // in state.dirty
 }
 
 func (m *model) list(c Class) *[]uint64 {
