@@ -274,8 +274,7 @@ func (s *state) addModel(name string) *model {
 	if len(s.seen) < maxSeenModels {
 		s.seen[name] = struct{}{}
 	}
-	m := &model{name: name, workers: make(map[uint64]*worker), reasons: make(map[string]string),
-		metrics: s.metrics.forModel(name)}
+	m := &model{name: name, workers: make(map[uint64]*worker), reasons: make(map[string]string)}
 	m.thresholds = s.thresholdsOf(name)
 	s.models[name] = m
 	s.metrics.models.Set(float64(len(s.models)))
@@ -511,6 +510,9 @@ func (s *state) flushRecords(all bool) {
 			s.sink.Delete(m.name)
 			s.metrics.forgetModel(m.name)
 			continue
+		}
+		if !m.metrics.resolved {
+			m.metrics = s.metrics.forModel(m.name)
 		}
 		rec := m.record()
 		if rec.AllBusy != m.allBusy {

@@ -97,7 +97,7 @@ func latchOf(reason string) Checks {
 // below its release level. With margin 0 the release level is the
 // threshold: exactly §5. Arithmetic in float64, left to right.
 func RankChecks(t events.Thresholds, l RankLoad, margin float64, latched Checks) Checks {
-	return checksAt(t, l, 1, false, margin, latched)
+	return checksAt(t, l, 1, false, true, margin, latched)
 }
 
 // Level is a rank's or a worker's place on the graded scale of priority
@@ -184,9 +184,9 @@ func RankLevel(t events.Thresholds, l RankLoad, f Fractions) Level {
 // blocks ≤ (1 − m) × f × threshold × total releases an amber decode check.
 func RankLevels(t events.Thresholds, l RankLoad, f Fractions, margin float64, latched Latch) Latch {
 	return Latch{
-		Amber: checksAt(t, l, f.Shed, false, margin, latched.Amber),
-		Busy:  checksAt(t, l, 1, false, margin, latched.Busy),
-		Hard:  checksAt(t, l, f.Critical, true, margin, latched.Hard),
+		Amber: checksAt(t, l, f.Shed, false, false, margin, latched.Amber),
+		Busy:  checksAt(t, l, 1, false, true, margin, latched.Busy),
+		Hard:  checksAt(t, l, f.Critical, true, false, margin, latched.Hard),
 	}
 }
 
@@ -194,9 +194,10 @@ func RankLevels(t events.Thresholds, l RankLoad, f Fractions, margin float64, la
 // (1 for the busy level itself), the decode level capped at the whole cache
 // when capDecode (the hard level). The products are taken left to right as
 // the contract writes them; a factor of 1 leaves them exact, so the busy
-// level is §5's arithmetic. At frac 1 the unlatched token check compares
-// integers, as §5 does.
-func checksAt(t events.Thresholds, l RankLoad, frac float64, capDecode bool, margin float64, latched Checks) Checks {
+// level is §5's arithmetic. With busy (the busy level, frac 1), the
+// unlatched token check compares integers, as §5 does; the other levels
+// compare in float64 (§15), even at a fraction of 1.
+func checksAt(t events.Thresholds, l RankLoad, frac float64, capDecode, busy bool, margin float64, latched Checks) Checks {
 	release := 1 - margin
 	var c Checks
 	if t.ActiveDecodeBlocks != nil && l.KVTotalBlocks > 0 {
@@ -221,7 +222,7 @@ func checksAt(t events.Thresholds, l RankLoad, frac float64, capDecode bool, mar
 		switch {
 		case latched&CheckPrefill != 0:
 			above = float64(l.ActivePrefillTokens) > release*frac*float64(*t.ActivePrefillTokens)
-		case frac == 1:
+		case busy:
 			above = l.ActivePrefillTokens > *t.ActivePrefillTokens
 		default:
 			above = float64(l.ActivePrefillTokens) > frac*float64(*t.ActivePrefillTokens)

@@ -540,6 +540,9 @@ func FuzzRankLevels(f *testing.F) {
 	f.Add(0.8, uint64(1000), 0.5, uint64(81), uint64(100), uint64(1001), uint64(8192), 0.8, 1.1, 0.1, uint8(7), uint8(0), uint8(7))
 	f.Add(0.1, uint64(10), 0.3333, uint64(3), uint64(30), uint64(4), uint64(10), 1.0, 1.0, 0.0, uint8(7), uint8(7), uint8(7))
 	f.Add(0.9, uint64(1<<60), 0.5, uint64(1<<62), uint64(1<<61), uint64(1<<60+1), uint64(0), 0.95, 1.2, 0.2, uint8(1), uint8(2), uint8(4))
+	// A fraction of exactly 1 at amber or hard compares tokens in float64
+	// (§15), unlike the busy level's integers (§5): 2^53+1 is not above 2^53.
+	f.Add(0.5, uint64(1<<53), 0.5, uint64(0), uint64(100), uint64(1<<53+1), uint64(0), 1.0, 1.0, 0.0, uint8(2), uint8(0), uint8(0))
 	f.Fuzz(func(t *testing.T, decodeT float64, tokensT uint64, fracT float64, decode, total, tokens, batched uint64,
 		shed, critical, margin float64, set, latchedAmber, latchedHard uint8) {
 		for _, v := range []float64{decodeT, fracT, shed, critical, margin} {

@@ -64,15 +64,18 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 	return m, nil
 }
 
-// modelMetrics are one model's series, looked up once when the model is
-// added rather than by label on every record.
+// modelMetrics are one model's series, looked up once, at its first record,
+// rather than by label on every record. A model that never has a record
+// (seeded from a record with no workers left) has no series.
 type modelMetrics struct {
+	resolved                       bool
 	busy, free, stale, amber, hard prometheus.Gauge
 	allBusyChanges                 prometheus.Counter
 }
 
 func (m *metrics) forModel(name string) modelMetrics {
 	return modelMetrics{
+		resolved:       true,
 		busy:           m.workers.WithLabelValues(name, "busy"),
 		free:           m.workers.WithLabelValues(name, "free"),
 		stale:          m.workers.WithLabelValues(name, "stale"),

@@ -465,6 +465,15 @@ func TestMetrics(t *testing.T) {
 		if err != nil || n != 2 {
 			t.Fatalf("histograms gathered %d, %v", n, err)
 		}
+		// A model seeded from a record without workers never has a record:
+		// it must not leave series behind.
+		if err := h.m.Seed(context.Background(), []events.BusySet{{Model: "ghost/model"}}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if n := testutil.CollectAndCount(h.m.metrics.workers); n != 5 {
+			t.Errorf("workermon_workers has %d series after seeding an empty record, want the 5 of %s", n, testModel)
+		}
 	})
 }
 
