@@ -102,17 +102,14 @@ func isLoadSubject(prefix, subject string) bool {
 		subject[len(prefix):len(prefix)+len(kind)] == kind
 }
 
-// checkSubject checks the subject of an unchecked load report: at once when
-// the report's rank was last heard on the same subject, else by parsing it
-// and matching it with the report.
-func (s *state) checkSubject(r *events.LoadReport, subject string) error {
-	if m := s.models[r.Model]; m != nil {
-		if w := m.workers[r.WorkerID]; w != nil {
-			if src := w.source(r.Source); src != nil {
-				if rs := src.find(r.DPRank); rs != nil && rs.subject == subject {
-					return nil
-				}
-			}
+// checkSubject checks the subject of an unchecked load report whose source
+// state is src (nil when none): at once when the report's rank was last
+// heard on the same subject, else by parsing it and matching it with the
+// report.
+func (s *state) checkSubject(r *events.LoadReport, subject string, src *sourceState) error {
+	if src != nil {
+		if rs := src.find(r.DPRank); rs != nil && rs.subject == subject {
+			return nil
 		}
 	}
 	subj, err := events.ParseSubject(s.cfg.SubjectPrefix, subject)
@@ -130,14 +127,8 @@ func (s *state) handle(msg *message, now time.Time) {
 	}
 	switch msg.kind {
 	case events.KindLoad, events.KindEst:
-		if msg.unchecked {
-			if err := s.checkSubject(&msg.report, msg.subject); err != nil {
-				s.reject(events.Reason(err), msg.subject, err)
-				return
-			}
-		}
-		if reason := s.applyReport(&msg.report, msg.subject, now); reason != "" {
-			s.reject(reason, msg.subject, nil)
+		if reason, err := s.applyReport(&msg.report, msg.subject, msg.unchecked, now); reason != "" {
+			s.reject(reason, msg.subject, err)
 			return
 		}
 		s.metrics.acceptedLoad.Inc()
@@ -162,48 +153,61 @@ func (s *state) reject(reason, subject string, err error) {
 	}
 }
 
-// applyReport applies an accepted report; it returns a rejection reason or "".
-// subject is the report's, checked.
-func (s *state) applyReport(r *events.LoadReport, subject string, now time.Time) string {
-	if r.DPSize > uint32(s.cfg.MaxRanksPerWorker) {
-		return rejectRanks
-	}
+// applyReport applies a decoded report received on subject; it returns a
+// rejection reason, with the error behind it when there is one, or "".
+// When unchecked, the subject is checked first (checkSubject), before
+// anything is created.
+func (s *state) applyReport(r *events.LoadReport, subject string, unchecked bool, now time.Time) (string, error) {
 	m := s.models[r.Model]
+	var w *worker
+	if m != nil {
+		w = m.workers[r.WorkerID]
+	}
+	var src *sourceState
+	if w != nil {
+		src = w.source(r.Source)
+	}
+	if unchecked {
+		if err := s.checkSubject(r, subject, src); err != nil {
+			return events.Reason(err), err
+		}
+	}
+	if r.DPSize > uint32(s.cfg.MaxRanksPerWorker) {
+		return rejectRanks, nil
+	}
 	if m == nil {
 		if len(s.models) >= s.cfg.MaxModels {
-			return rejectModels
+			return rejectModels, nil
 		}
 		m = s.addModel(r.Model)
 	}
-	w := m.workers[r.WorkerID]
 	if w == nil {
 		if len(m.workers) >= s.cfg.MaxWorkersPerModel {
-			return rejectWorkers
+			return rejectWorkers, nil
 		}
 		w = s.newWorker(m, r.WorkerID)
 	}
 	if w.left {
 		if r.Source != events.SourceEngine || r.BootID == w.leftBoot || r.SentAt <= w.leftSentAt {
-			return rejectAfterGoodbye
+			return rejectAfterGoodbye, nil
 		}
 		w.left = false // a new boot: the worker is back
 	}
-	src := w.source(r.Source)
 	switch {
 	case src == nil:
 		if len(w.sources) >= s.cfg.MaxSourcesPerWorker {
-			return rejectSources
+			return rejectSources, nil
 		}
 		src = &sourceState{name: r.Source, bootID: r.BootID, router: events.IsRouterSource(r.Source)}
 		w.sources = append(w.sources, src)
 	case src.bootID != r.BootID:
 		if r.SentAt <= src.sentAt {
-			return rejectDeadBoot
+			return rejectDeadBoot, nil
 		}
 		// The publisher restarted: its old state goes.
 		*src = sourceState{name: src.name, bootID: r.BootID, router: src.router, ranks: src.ranks[:0]}
 	case r.Seq <= src.seq:
-		return rejectDuplicate
+		return rejectDuplicate, nil
 	}
 	if src.start != r.DPStart || src.size != r.DPSize {
 		lo, hi := uint64(r.DPStart), uint64(r.DPStart)+uint64(r.DPSize)
@@ -225,7 +229,7 @@ func (s *state) applyReport(r *events.LoadReport, subject string, now time.Time)
 	rs.heard = now
 	s.evaluate(w, now)
 	s.timers.scheduleBy(w, now.Add(s.cfg.StaleAfter))
-	return ""
+	return "", nil
 }
 
 // applyGoodbye applies a goodbye; it returns a rejection reason or "".
