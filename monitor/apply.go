@@ -204,7 +204,9 @@ func (s *state) applyReport(r *events.LoadReport, subject string, unchecked bool
 		if r.SentAt <= src.sentAt {
 			return rejectDeadBoot, nil
 		}
-		// The publisher restarted: its old state goes.
+		// The publisher restarted: its old state goes (the ranks' array is
+		// reused, cleared so that it holds no old subject).
+		clear(src.ranks)
 		*src = sourceState{name: src.name, bootID: r.BootID, router: src.router, ranks: src.ranks[:0]}
 	case r.Seq <= src.seq:
 		return rejectDuplicate, nil
