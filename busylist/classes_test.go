@@ -2,8 +2,6 @@ package busylist
 
 import (
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -141,25 +139,7 @@ func TestDecideClass(t *testing.T) { // not parallel: AllocsPerRun
 // priority that is not a number.
 func TestWatcherMiddlewareClasses(t *testing.T) {
 	t.Parallel()
-	env := watchTestStart(t)
-	kv := env.bucket(t, events.BusyBucket)
-	w := watchTestNew(t, env.js)
-	watchTestWaitReady(t, w)
-	m, err := admission.NewMiddleware(w, admission.WithModelFunc(admission.ModelFromHeader("X-Model")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }))
-	status := func(priority string) (int, string) {
-		req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader("{}"))
-		req.Header.Set("X-Model", "Qwen/Qwen3-0.6B")
-		if priority != "" {
-			req.Header.Set(admission.PriorityHeader, priority)
-		}
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec.Code, rec.Body.String()
-	}
+	kv, status := watchTestMiddleware(t)
 	watchTestPut(t, kv, classTestSet("Qwen/Qwen3-0.6B", time.Now().UnixNano(), []uint64{1}, []uint64{1}, []uint64{2}, nil))
 	natstest.WaitFor(t, 5*time.Second, "429 for sheddable requests", func() bool { s, _ := status("-1"); return s == 429 })
 	if s, body := status("-1"); !strings.Contains(body, admission.ShedMessage) {

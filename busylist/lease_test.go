@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/workermon/workermon/events"
-	"github.com/workermon/workermon/internal/kvbucket"
 	"github.com/workermon/workermon/internal/natstest"
 )
 
@@ -257,6 +256,14 @@ func testLeaser(t *testing.T, js jetstream.JetStream, id string, clock *leaseClo
 }
 
 // waitSeen waits until l's book holds partition 0's lease at rev.
+// leaseTestBucket starts a server and returns a client of it and its
+// leases bucket.
+func leaseTestBucket(t *testing.T) (jetstream.JetStream, jetstream.KeyValue) {
+	t.Helper()
+	env := watchTestStart(t)
+	return env.js, env.bucket(t, events.LeasesBucket)
+}
+
 func waitSeen(t *testing.T, l *Leaser, rev uint64) {
 	t.Helper()
 	natstest.WaitFor(t, 5*time.Second, "the lease seen", func() bool {
@@ -274,15 +281,7 @@ func waitSeen(t *testing.T, l *Leaser, rev uint64) {
 func TestLeaseContendersAndFencing(t *testing.T) {
 	t.Parallel()
 	const ttl = time.Second
-	srv := natstest.Start(t, natstest.Options(t))
-	js, err := jetstream.New(natstest.Connect(t, srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv, err := kvbucket.Open(t.Context(), js, events.LeasesBucket, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, kv := leaseTestBucket(t)
 	dead, _ := json.Marshal(LeaseValue{MonitorID: "dead", Instance: "gone", Epoch: 7})
 	rev, err := kv.Create(t.Context(), LeaseKey(1, 0), dead)
 	if err != nil {

@@ -13,8 +13,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/workermon/workermon/events"
-	"github.com/workermon/workermon/internal/kvbucket"
 	"github.com/workermon/workermon/internal/natstest"
 	"github.com/workermon/workermon/internal/promtest"
 )
@@ -88,15 +86,7 @@ func TestLeaserDuplicateID(t *testing.T) {
 	// Long enough that the newcomer sees the running one re-announce
 	// (every TTL/3) well inside its first TTL on a loaded machine.
 	const ttl = time.Second
-	srv := natstest.Start(t, natstest.Options(t))
-	js, err := jetstream.New(natstest.Connect(t, srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv, err := kvbucket.Open(t.Context(), js, events.LeasesBucket, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, kv := leaseTestBucket(t)
 	dead, _ := json.Marshal(Announce{MonitorID: "mon-x", Instance: "crashed", StartedAt: 1})
 	natstest.Put(t, kv, AnnounceKey("mon-x"), dead)
 
@@ -172,15 +162,7 @@ func TestLeaserDuplicateID(t *testing.T) {
 func TestLeaserForeignGone(t *testing.T) {
 	t.Parallel()
 	const ttl = time.Second
-	srv := natstest.Start(t, natstest.Options(t))
-	js, err := jetstream.New(natstest.Connect(t, srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv, err := kvbucket.Open(t.Context(), js, events.LeasesBucket, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, kv := leaseTestBucket(t)
 	old, _ := json.Marshal(LeaseValue{MonitorID: "old", Instance: "old", Epoch: 4})
 	natstest.Put(t, kv, LeaseKey(3, 1), old)
 	clock := &leaseClock{}
@@ -234,15 +216,7 @@ func TestLeaserForeignGone(t *testing.T) {
 func TestLeaserAcquireOffTheLoop(t *testing.T) {
 	t.Parallel()
 	const ttl = 300 * time.Millisecond
-	srv := natstest.Start(t, natstest.Options(t))
-	js, err := jetstream.New(natstest.Connect(t, srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv, err := kvbucket.Open(t.Context(), js, events.LeasesBucket, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, kv := leaseTestBucket(t)
 	var mu sync.Mutex
 	var calls []string
 	note := func(s string) { mu.Lock(); calls = append(calls, s); mu.Unlock() }

@@ -608,22 +608,8 @@ func BenchmarkDecide(b *testing.B) {
 // bucket, a Watcher, admission's Middleware.
 func TestWatcherWithMiddleware(t *testing.T) {
 	t.Parallel()
-	env := watchTestStart(t)
-	kv := env.bucket(t, events.BusyBucket)
-	w := watchTestNew(t, env.js)
-	watchTestWaitReady(t, w)
-	m, err := admission.NewMiddleware(w, admission.WithModelFunc(admission.ModelFromHeader("X-Model")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }))
-	status := func() int {
-		req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader("{}"))
-		req.Header.Set("X-Model", "Qwen/Qwen3-0.6B")
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec.Code
-	}
+	kv, serve := watchTestMiddleware(t)
+	status := func() int { s, _ := serve(""); return s }
 	if s := status(); s != 200 {
 		t.Fatalf("unknown model: %d", s)
 	}
@@ -633,8 +619,34 @@ func TestWatcherWithMiddleware(t *testing.T) {
 	natstest.WaitFor(t, 5*time.Second, "200 once a worker is free", func() bool { return status() == 200 })
 }
 
-// admitTestWatcher returns a Watcher with a fixed snapshot and no loop: every
-// record received at the clock's current time.
+// watchTestMiddleware runs the whole router side: a server with the busy
+// bucket, a Watcher of it, admission's Middleware in front of a handler
+// answering 200. It returns the bucket and serve, which sends a request for
+// model Qwen/Qwen3-0.6B with the given priority header (none when empty) and
+// returns the status and body.
+func watchTestMiddleware(t *testing.T) (jetstream.KeyValue, func(priority string) (int, string)) {
+	t.Helper()
+	env := watchTestStart(t)
+	kv := env.bucket(t, events.BusyBucket)
+	w := watchTestNew(t, env.js)
+	watchTestWaitReady(t, w)
+	m, err := admission.NewMiddleware(w, admission.WithModelFunc(admission.ModelFromHeader("X-Model")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }))
+	return kv, func(priority string) (int, string) {
+		req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader("{}"))
+		req.Header.Set("X-Model", "Qwen/Qwen3-0.6B")
+		if priority != "" {
+			req.Header.Set(admission.PriorityHeader, priority)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code, rec.Body.String()
+	}
+}
+
 // admitTestWatcher is a Watcher holding recs, received now. A nil clock
 // makes it timed, as NewWatcher without WithClock: records turn stale by
 // timer, and Decide reads no clock.
@@ -661,7 +673,10 @@ func TestDecideTimedStaleness(t *testing.T) {
 	fresh := watchTestSet("fresh/model", now.UnixNano(), []uint64{1}, nil)
 	old := watchTestSet("old/model", now.Add(-time.Hour).UnixNano(), []uint64{1}, nil)
 	w := admitTestWatcher(false, nil, fresh, old)
-	w.policy.StaleAfter = 200 * time.Millisecond // for the entries armed from now on
+	// Long enough that the record is still fresh when first asked on a
+	// loaded machine; for the entries armed from now on.
+	const staleAfter = time.Second
+	w.policy.StaleAfter = staleAfter
 	s := (*watcherSink)(w)
 	s.state.Edit()["fresh/model"] = w.newEntry(fresh, time.Now())
 	s.Publish()
@@ -671,14 +686,13 @@ func TestDecideTimedStaleness(t *testing.T) {
 	if d := w.Decide("fresh/model"); d.Reason != admission.ReasonFree {
 		t.Fatalf("a fresh record: %+v", d)
 	}
-	start := time.Now()
-	for w.Decide("fresh/model").Reason != admission.ReasonStale {
-		if time.Since(start) > 5*time.Second {
-			t.Fatal("the record never turned stale")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if el := time.Since(start); el < 150*time.Millisecond {
-		t.Fatalf("stale after %v, before the 200 ms stale-list-after", el)
+	natstest.WaitFor(t, 10*time.Second, "the record turned stale", func() bool {
+		return w.Decide("fresh/model").Reason == admission.ReasonStale
+	})
+	// Measured from the record's updated_at (now), the earliest moment it
+	// can turn stale from: a delay before the first Decide cannot make it
+	// look early. The margin covers the wall clock the timer is set by.
+	if el := time.Since(now); el < staleAfter-50*time.Millisecond {
+		t.Fatalf("stale %v after its updated_at, before the %v stale-list-after", el, staleAfter)
 	}
 }

@@ -733,16 +733,7 @@ func TestWriterHoldsUntilReleased(t *testing.T) {
 	cfg.Warmup = 0
 	hold := make(chan struct{})
 	cfg.HoldUntil = hold
-	w, err := busylist.NewWriter(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writerGo(t, w.Run)
-	select {
-	case <-w.Ready():
-	case <-time.After(writerWait):
-		t.Fatal("writer not ready")
-	}
+	w := e.run(t, cfg)
 	w.Set(writerSet("m", []uint64{1}, nil))
 	// The loop has taken the change in and holds it: a writer that did not
 	// hold would have written it in the same pass and shown nothing pending.
@@ -770,16 +761,7 @@ func TestWriterNotPendingDuringWarmup(t *testing.T) {
 	const warmup = 500 * time.Millisecond
 	cfg := e.config()
 	cfg.Warmup = warmup
-	w, err := busylist.NewWriter(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writerGo(t, w.Run)
-	select {
-	case <-w.Ready():
-	case <-time.After(writerWait):
-		t.Fatal("writer not ready")
-	}
+	w := e.run(t, cfg)
 	const model = "Qwen/Qwen3-0.6B"
 	w.Set(writerSet(model, nil, nil)) // a partial view: nothing heard yet
 	if w.Pending(model) {
