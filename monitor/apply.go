@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/workermon/workermon/events"
@@ -94,12 +95,24 @@ func decodeMessage(prefix string, dec *events.Decoder, subject string, data []by
 	return msg
 }
 
-// isLoadSubject reports whether subject starts with prefix + ".load.": an
-// engine's load report if it parses (events.ParseSubject).
+// isLoadSubject reports whether subject starts with prefix + ".load.", or
+// with the form a partition mapping gives, prefix + ".part.<p>.load."
+// (contract §10; with P > 1 every report arrives so): an engine's load
+// report if it parses (events.ParseSubject), which checkSubject does.
 func isLoadSubject(prefix, subject string) bool {
-	const kind = ".load."
-	return len(subject) > len(prefix)+len(kind) && subject[:len(prefix)] == prefix &&
-		subject[len(prefix):len(prefix)+len(kind)] == kind
+	const kind, part = ".load.", ".part."
+	rest, ok := strings.CutPrefix(subject, prefix)
+	if !ok {
+		return false
+	}
+	if p, ok := strings.CutPrefix(rest, part); ok {
+		i := strings.IndexByte(p, '.')
+		if i < 0 {
+			return false
+		}
+		rest = p[i:]
+	}
+	return len(rest) > len(kind) && rest[:len(kind)] == kind
 }
 
 // checkSubject checks the subject of an unchecked load report whose source

@@ -3,6 +3,7 @@ package monitor
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -69,6 +70,14 @@ type harness struct {
 
 func startHarness(t *testing.T, mutate func(*Config)) *harness {
 	t.Helper()
+	sink := newFakeSink()
+	return startHarnessOn(t, sink, sink, mutate)
+}
+
+// startHarnessOn is startHarness writing to sink, whose records fake
+// keeps.
+func startHarnessOn(t *testing.T, sink Sink, fake *fakeSink, mutate func(*Config)) *harness {
+	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Defaults = events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8), ActivePrefillTokens: events.Ptr[uint64](1000)}
 	reg := prometheus.NewRegistry()
@@ -76,7 +85,6 @@ func startHarness(t *testing.T, mutate func(*Config)) *harness {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	sink := newFakeSink()
 	m, err := New(cfg, sink)
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +99,7 @@ func startHarness(t *testing.T, mutate func(*Config)) *harness {
 		cancel()
 		<-done
 	})
-	return &harness{t: t, m: m, sink: sink, reg: reg}
+	return &harness{t: t, m: m, sink: fake, reg: reg}
 }
 
 // report builds a valid report of testModel; the caller adjusts it.
@@ -868,21 +876,10 @@ var _ PendingSink = (*pendingSink)(nil)
 func TestPendingSinkDefersBuilds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sink := &pendingSink{fakeSink: newFakeSink()}
-		cfg := DefaultConfig()
-		cfg.Defaults = events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8)}
-		cfg.Registerer = prometheus.NewRegistry()
-		m, err := New(cfg, sink)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_ = m.Run(ctx)
-		}()
-		defer func() { cancel(); <-done }()
-		h := &harness{t: t, m: m, sink: sink.fakeSink}
+		h := startHarnessOn(t, sink, sink.fakeSink, func(cfg *Config) {
+			cfg.Defaults = events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8)}
+		})
+		m := h.m
 		h.send(h.report(1, 0, 10, 100))
 		h.expect(nil, []uint64{1}, nil)
 		sets := func() int {
@@ -915,4 +912,109 @@ func TestPendingSinkDefersBuilds(t *testing.T) {
 		}
 		h.expect(nil, []uint64{1}, nil)
 	})
+}
+
+// TestMappedSubjects: with partitions every report arrives on a mapped
+// subject (contract §10); it is accepted, and once its rank is known there
+// a report on any other mapped subject is still parsed, matched and
+// rejected.
+func TestMappedSubjects(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		const own = "workermon.part.3.load.Qwen/Qwen3-0=2E6B.1.0"
+		good := h.report(1, 0, 10, 100)
+		b, _ := events.MarshalLoadReport(&good)
+		h.raw(own, b)
+		h.expect(nil, []uint64{1}, nil)
+
+		busy := h.report(1, 0, 90, 100)
+		b, _ = events.MarshalLoadReport(&busy)
+		h.raw("workermon.part.3.load.Qwen/Qwen3-0=2E6B.8.0", b) // another worker's
+		h.raw("workermon.part.3.load.Qwen/Qwen3-0=2E6B.1.1", b) // another rank's
+		h.raw("workermon.part.3.load.other.1.0", b)             // another model's
+		h.raw("workermon.part.x.load.Qwen/Qwen3-0=2E6B.1.0", b) // a bad partition
+		h.raw("workermon.part.3.est.Qwen/Qwen3-0=2E6B.1.0", b)  // an engine on an est subject
+		if got := h.rejected("mismatch"); got != 3 {
+			t.Errorf("rejected{mismatch} = %v, want 3", got)
+		}
+		if got := h.rejected("invalid_subject"); got != 1 {
+			t.Errorf("rejected{invalid_subject} = %v, want 1", got)
+		}
+		if got := h.rejected("source_not_allowed"); got != 1 {
+			t.Errorf("rejected{source_not_allowed} = %v, want 1", got)
+		}
+		h.expect(nil, []uint64{1}, nil)
+		h.raw(own, b)
+		h.expect([]uint64{1}, nil, nil)
+	})
+}
+
+func TestIsLoadSubject(t *testing.T) {
+	t.Parallel()
+	for subject, want := range map[string]bool{
+		"workermon.load.m.1.0":        true,
+		"workermon.part.0.load.m.1.0": true,
+		"workermon.part.x.load.m.1.0": true, // shape checked by events.ParseSubject
+		"workermon.load.":             false,
+		"workermon.part.0.load.":      false,
+		"workermon.part.0":            false,
+		"workermon.part.0.bye.m.1":    false,
+		"workermon.bye.m.1":           false,
+		"workermon.est.m.1.0":         false,
+		"other.load.m.1.0":            false,
+		"workermonx.load.m.1.0":       false,
+	} {
+		if got := isLoadSubject(events.DefaultSubjectPrefix, subject); got != want {
+			t.Errorf("isLoadSubject(%q) = %v, want %v", subject, got, want)
+		}
+	}
+}
+
+// TestSteadyReportAllocatesNothing: the report path (decode, subject
+// check, state update, busy rules) allocates nothing for a report that
+// changes no record, on a plain subject and on a mapped one.
+func TestSteadyReportAllocatesNothing(t *testing.T) { // not parallel: AllocsPerRun
+	for _, subject := range []string{
+		events.LoadSubject(events.DefaultSubjectPrefix, testModel, 1, 0),
+		"workermon.part.3.load.Qwen/Qwen3-0=2E6B.1.0",
+	} {
+		t.Run(subject, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Defaults.ActiveDecodeBlocks = events.Ptr(0.8)
+			m, err := newMetrics(nil, func() float64 { return 0 })
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := newState(cfg, nopSink{}, m, slog.New(slog.DiscardHandler))
+			dec := events.NewDecoder()
+			now := time.Now()
+			r := events.LoadReport{Model: testModel, WorkerID: 1, DPSize: 1, Source: events.SourceEngine,
+				ActiveDecodeBlocks: events.Some(10), KVTotalBlocks: events.Some(100), BootID: 1, SentAt: 1}
+			const runs = 100
+			msgs := make([][]byte, runs+2) // AllocsPerRun runs once more to warm up
+			for i := range msgs {
+				r.Seq = uint64(i + 1)
+				if msgs[i], err = events.MarshalLoadReport(&r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			i := 0
+			handle := func() {
+				msg := decodeMessage(events.DefaultSubjectPrefix, dec, subject, msgs[i])
+				i++
+				s.handle(&msg, now)
+				s.flush()
+			}
+			handle()
+			if got := testutil.ToFloat64(m.acceptedLoad); got != 1 {
+				t.Fatalf("accepted %v reports, want the first", got)
+			}
+			if n := testing.AllocsPerRun(runs, handle); n != 0 {
+				t.Errorf("%v allocations per report", n)
+			}
+			if got := testutil.ToFloat64(m.acceptedLoad); got != runs+2 {
+				t.Errorf("accepted %v reports, want %d", got, runs+2)
+			}
+		})
+	}
 }

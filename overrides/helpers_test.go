@@ -16,8 +16,10 @@ import (
 	"github.com/workermon/workermon/internal/promtest"
 )
 
-// testWait is how long the tests wait for something over the network.
-const testWait = 5 * time.Second
+// testWait is how long the tests wait for something over the network:
+// generous, so that they pass beside a busy CPU (a wait ends as soon as
+// its condition holds).
+const testWait = 15 * time.Second
 
 // testEnv is a NATS server with JetStream, a client of it and a metrics
 // registry.

@@ -19,6 +19,10 @@ import (
 	"github.com/workermon/workermon/internal/watchmetrics"
 )
 
+// registryTestWait bounds every wait on the NATS server: generous, so that
+// the tests pass beside a busy CPU.
+const registryTestWait = 15 * time.Second
+
 func registryTestNew(t *testing.T, js jetstream.JetStream, opts ...Option) *Watcher {
 	t.Helper()
 	r, err := NewWatcher(js, opts...)
@@ -52,6 +56,21 @@ func registryTestIDs(r *Watcher, model string) []uint64 {
 	return ids
 }
 
+// registryTestTwoWorkers starts a server and a Watcher on a test clock, and
+// registers workers 1 and 2 of model "m".
+func registryTestTwoWorkers(t *testing.T) (*testEnv, jetstream.KeyValue, *testClock, *Watcher) {
+	t.Helper()
+	env := testStart(t)
+	kv := env.bucket(t, events.WorkersBucket)
+	clock := newTestClock()
+	r := registryTestNew(t, env.js, WithClock(clock.now))
+	natstest.WaitReady(t, r)
+	registryTestPut(t, kv, registryTestEntry("m", 1, "http://a"))
+	registryTestPut(t, kv, registryTestEntry("m", 2, "http://b"))
+	natstest.WaitFor(t, registryTestWait, "two workers", func() bool { return len(r.Endpoints("m")) == 2 })
+	return env, kv, clock, r
+}
+
 func TestRegistryPutsAndDeletes(t *testing.T) {
 	t.Parallel()
 	env := testStart(t)
@@ -67,7 +86,7 @@ func TestRegistryPutsAndDeletes(t *testing.T) {
 	registryTestPut(t, kv, registryTestEntry(model, 10, "http://10.0.0.1:8000"))
 	registryTestPut(t, kv, registryTestEntry(model, 20, "http://10.0.0.2:8000"))
 	registryTestPut(t, kv, registryTestEntry("other", 10, "http://10.0.1.1:8000"))
-	natstest.WaitFor(t, 5*time.Second, "three workers, sorted", func() bool {
+	natstest.WaitFor(t, registryTestWait, "three workers, sorted", func() bool {
 		return slices.Equal(registryTestIDs(r, model), []uint64{10, 20, 30}) && len(r.Endpoints("other")) == 1
 	})
 	if e, ok := r.Lookup(model, 20); !ok || e.Endpoint != "http://10.0.0.2:8000" {
@@ -82,7 +101,7 @@ func TestRegistryPutsAndDeletes(t *testing.T) {
 
 	// An update replaces the endpoint.
 	registryTestPut(t, kv, registryTestEntry(model, 20, "http://10.0.0.22:8000"))
-	natstest.WaitFor(t, 5*time.Second, "endpoint updated", func() bool {
+	natstest.WaitFor(t, registryTestWait, "endpoint updated", func() bool {
 		e, _ := r.Lookup(model, 20)
 		return e.Endpoint == "http://10.0.0.22:8000"
 	})
@@ -93,13 +112,13 @@ func TestRegistryPutsAndDeletes(t *testing.T) {
 	if err := kv.Purge(t.Context(), events.RegistryKey(model, 30)); err != nil {
 		t.Fatal(err)
 	}
-	natstest.WaitFor(t, 5*time.Second, "delete and purge visible", func() bool {
+	natstest.WaitFor(t, registryTestWait, "delete and purge visible", func() bool {
 		return slices.Equal(registryTestIDs(r, model), []uint64{20})
 	})
 	if err := kv.Delete(t.Context(), events.RegistryKey("other", 10)); err != nil {
 		t.Fatal(err)
 	}
-	natstest.WaitFor(t, 5*time.Second, "model without workers gone", func() bool {
+	natstest.WaitFor(t, registryTestWait, "model without workers gone", func() bool {
 		return r.Endpoints("other") == nil && len(r.Models()) == 1
 	})
 }
@@ -117,10 +136,10 @@ func TestRegistryBadEntries(t *testing.T) {
 	natstest.WaitReady(t, r)
 
 	registryTestPut(t, kv, registryTestEntry("m", 1, "http://a"))
-	natstest.WaitFor(t, 5*time.Second, "good entry", func() bool { return len(r.Endpoints("m")) == 1 })
+	natstest.WaitFor(t, registryTestWait, "good entry", func() bool { return len(r.Endpoints("m")) == 1 })
 	// Bad JSON under a registered worker's key removes it.
 	natstest.Put(t, kv, events.RegistryKey("m", 1), []byte(`{"model":"m","worker_id":"one"`))
-	natstest.WaitFor(t, 5*time.Second, "bad JSON removes the worker", func() bool { return r.Endpoints("m") == nil })
+	natstest.WaitFor(t, registryTestWait, "bad JSON removes the worker", func() bool { return r.Endpoints("m") == nil })
 
 	mismatch, _ := json.Marshal(registryTestEntry("m", 3, "http://c"))
 	natstest.Put(t, kv, events.RegistryKey("m", 2), mismatch)
@@ -130,7 +149,7 @@ func TestRegistryBadEntries(t *testing.T) {
 	natstest.Put(t, kv, "m.05", good)
 	natstest.Put(t, kv, "m", good)
 	registryTestPut(t, kv, registryTestEntry("m", 6, "http://f"))
-	natstest.WaitFor(t, 5*time.Second, "good entry after bad ones", func() bool {
+	natstest.WaitFor(t, registryTestWait, "good entry after bad ones", func() bool {
 		return slices.Equal(registryTestIDs(r, "m"), []uint64{6})
 	})
 	for reason, want := range map[string]float64{"malformed": 1, "mismatch": 1, "no_endpoint": 1, "bad_key": 2} {
@@ -145,27 +164,20 @@ func TestRegistryBadEntries(t *testing.T) {
 // TTL go away even though no watcher hears of the expiry.
 func TestRegistryExpires(t *testing.T) {
 	t.Parallel()
-	env := testStart(t)
-	kv := env.bucket(t, events.WorkersBucket)
-	clock := newTestClock()
-	r := registryTestNew(t, env.js, WithClock(clock.now))
-	natstest.WaitReady(t, r)
-	registryTestPut(t, kv, registryTestEntry("m", 1, "http://a"))
-	registryTestPut(t, kv, registryTestEntry("m", 2, "http://b"))
-	natstest.WaitFor(t, 5*time.Second, "two workers", func() bool { return len(r.Endpoints("m")) == 2 })
+	_, kv, clock, r := registryTestTwoWorkers(t)
 
 	clock.add(TTL / 2)
 	registryTestPut(t, kv, registryTestEntry("m", 2, "http://b2")) // refreshed
-	natstest.WaitFor(t, 5*time.Second, "refresh seen", func() bool {
+	natstest.WaitFor(t, registryTestWait, "refresh seen", func() bool {
 		e, _ := r.Lookup("m", 2)
 		return e.Endpoint == "http://b2"
 	})
 	clock.add(TTL/2 + time.Second)
-	natstest.WaitFor(t, 5*time.Second, "unrefreshed worker expired", func() bool {
+	natstest.WaitFor(t, registryTestWait, "unrefreshed worker expired", func() bool {
 		return slices.Equal(registryTestIDs(r, "m"), []uint64{2})
 	})
 	clock.add(TTL)
-	natstest.WaitFor(t, 5*time.Second, "last worker expired", func() bool { return r.Endpoints("m") == nil })
+	natstest.WaitFor(t, registryTestWait, "last worker expired", func() bool { return r.Endpoints("m") == nil })
 }
 
 // TestRegistryOutageLongerThanTTL stops the NATS server for longer than the
@@ -174,18 +186,11 @@ func TestRegistryExpires(t *testing.T) {
 // one more TTL, from that moment, to be refreshed in.
 func TestRegistryOutageLongerThanTTL(t *testing.T) {
 	t.Parallel()
-	env := testStart(t)
-	kv := env.bucket(t, events.WorkersBucket)
-	clock := newTestClock()
-	r := registryTestNew(t, env.js, WithClock(clock.now))
-	natstest.WaitReady(t, r)
-	registryTestPut(t, kv, registryTestEntry("m", 1, "http://a"))
-	registryTestPut(t, kv, registryTestEntry("m", 2, "http://b"))
-	natstest.WaitFor(t, 5*time.Second, "two workers", func() bool { return len(r.Endpoints("m")) == 2 })
-	natstest.WaitFor(t, 5*time.Second, "the watch live", r.Live)
+	env, kv, clock, r := registryTestTwoWorkers(t)
+	natstest.WaitFor(t, registryTestWait, "the watch live", r.Live)
 
 	opts := natstest.Stop(t, env.srv, env.opts)
-	natstest.WaitFor(t, 10*time.Second, "the outage seen", func() bool { return !r.Live() })
+	natstest.WaitFor(t, registryTestWait, "the outage seen", func() bool { return !r.Live() })
 	clock.add(2 * TTL)
 	clock.waitReads(t, 3) // each sweep reads the clock: sweeps had their chance
 	if got := registryTestIDs(r, "m"); !slices.Equal(got, []uint64{1, 2}) {
@@ -196,14 +201,14 @@ func TestRegistryOutageLongerThanTTL(t *testing.T) {
 	}
 
 	env.srv = natstest.Start(t, opts)
-	natstest.WaitFor(t, 10*time.Second, "the watch live again", r.Live)
+	natstest.WaitFor(t, registryTestWait, "the watch live again", r.Live)
 	clock.waitReads(t, 3)
 	if got := registryTestIDs(r, "m"); !slices.Equal(got, []uint64{1, 2}) {
 		t.Fatalf("after the outage the workers are %v, want [1 2] kept", got)
 	}
 	clock.add(TTL / 2)
 	registryTestPut(t, kv, registryTestEntry("m", 2, "http://b2")) // refreshed after the outage
-	natstest.WaitFor(t, 5*time.Second, "refresh seen", func() bool {
+	natstest.WaitFor(t, registryTestWait, "refresh seen", func() bool {
 		e, _ := r.Lookup("m", 2)
 		return e.Endpoint == "http://b2"
 	})
@@ -213,7 +218,7 @@ func TestRegistryOutageLongerThanTTL(t *testing.T) {
 		t.Fatalf("one TTL after the outage the workers are %v, want [1 2]", got)
 	}
 	clock.add(time.Second) // past it: the worker not refreshed since goes
-	natstest.WaitFor(t, 5*time.Second, "the unrefreshed worker expired", func() bool {
+	natstest.WaitFor(t, registryTestWait, "the unrefreshed worker expired", func() bool {
 		return slices.Equal(registryTestIDs(r, "m"), []uint64{2})
 	})
 }
@@ -227,7 +232,7 @@ func TestRegistryRecoversAfterRestart(t *testing.T) {
 	natstest.WaitReady(t, r)
 	env.restart(t)
 	registryTestPut(t, kv, registryTestEntry("m", 2, "http://b"))
-	natstest.WaitFor(t, 5*time.Second, "entry put after restart", func() bool {
+	natstest.WaitFor(t, registryTestWait, "entry put after restart", func() bool {
 		return slices.Equal(registryTestIDs(r, "m"), []uint64{1, 2})
 	})
 }
@@ -302,5 +307,5 @@ func (c *testClock) add(d time.Duration) { c.ns.Add(int64(d)) }
 func (c *testClock) waitReads(t *testing.T, n int64) {
 	t.Helper()
 	want := c.reads.Load() + n
-	natstest.WaitFor(t, 10*time.Second, "the watcher reading its clock", func() bool { return c.reads.Load() >= want })
+	natstest.WaitFor(t, registryTestWait, "the watcher reading its clock", func() bool { return c.reads.Load() >= want })
 }
