@@ -9,27 +9,14 @@ import (
 
 	"github.com/workermon/workermon/admission"
 	"github.com/workermon/workermon/events"
-	"github.com/workermon/workermon/internal/natstest"
 )
 
 // putClassRecord writes a record with amber and hard lists and waits until
 // the router has it.
 func (e *testEnv) putClassRecord(t *testing.T, free, amber, busy, hard []uint64) {
 	t.Helper()
-	seq := e.seq.Add(1)
-	set := events.BusySet{Model: model, Free: free, Amber: amber, Busy: busy, Hard: hard,
-		AllBusy: len(free) == 0 && len(busy) > 0, UpdatedAt: time.Now().UnixNano(), MonitorID: "test", Epoch: 1, Seq: seq}
-	data, err := events.MarshalBusySet(&set)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.busy.Put(t.Context(), events.ModelKey(model), data); err != nil {
-		t.Fatal(err)
-	}
-	natstest.WaitFor(t, 5*time.Second, "record seen by the router", func() bool {
-		rec, _, ok := e.watcher.Record(model)
-		return ok && rec.Seq == seq
-	})
+	e.putSet(t, events.BusySet{Model: model, Free: free, Amber: amber, Busy: busy, Hard: hard,
+		AllBusy: len(free) == 0 && len(busy) > 0, UpdatedAt: time.Now().UnixNano()})
 }
 
 // postPriority sends a completion with the priority header (none when "").

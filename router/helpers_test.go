@@ -105,18 +105,25 @@ func newTestEnv(t *testing.T, o envOptions) *testEnv {
 // router has it.
 func (e *testEnv) putRecord(t *testing.T, model string, free, busy []uint64, updated time.Time) {
 	t.Helper()
+	e.putSet(t, events.BusySet{Model: model, Free: free, Busy: busy, AllBusy: len(free) == 0 && len(busy) > 0,
+		UpdatedAt: updated.UnixNano()})
+}
+
+// putSet writes set as the test monitor's next record (it sets MonitorID,
+// Epoch and Seq) and waits until the router has it.
+func (e *testEnv) putSet(t *testing.T, set events.BusySet) {
+	t.Helper()
 	seq := e.seq.Add(1)
-	set := events.BusySet{Model: model, Free: free, Busy: busy, AllBusy: len(free) == 0 && len(busy) > 0,
-		UpdatedAt: updated.UnixNano(), MonitorID: "test", Epoch: 1, Seq: seq}
+	set.MonitorID, set.Epoch, set.Seq = "test", 1, seq
 	data, err := events.MarshalBusySet(&set)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.busy.Put(t.Context(), events.ModelKey(model), data); err != nil {
+	if _, err := e.busy.Put(t.Context(), events.ModelKey(set.Model), data); err != nil {
 		t.Fatal(err)
 	}
 	natstest.WaitFor(t, 5*time.Second, "record seen by the router", func() bool {
-		rec, _, ok := e.watcher.Record(model)
+		rec, _, ok := e.watcher.Record(set.Model)
 		return ok && rec.Seq == seq
 	})
 }

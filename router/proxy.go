@@ -38,9 +38,9 @@ type exchange struct {
 	tried []uint64
 	// cancelled is set once the client is known to be gone.
 	cancelled bool
-	// prompt is what the request adds to a worker's slots; nil without a
-	// tracker.
-	prompt *promptLoad
+	// prompt is what the request adds to a worker's slots; empty without
+	// a tracker.
+	prompt promptLoad
 }
 
 // serveInference proxies a POST /v1/completions or /v1/chat/completions.
@@ -116,8 +116,7 @@ func (ex *exchange) serve() {
 	}
 
 	if rt.slots != nil {
-		p := parsePrompt(ex.route, body)
-		ex.prompt = &p
+		ex.prompt = parsePrompt(ex.route, body)
 	}
 	var mig *migration
 	if ex.route == routeCompletions && rt.cfg.MigrationLimit > 0 {
@@ -319,8 +318,8 @@ func (ex *exchange) dispatch(body []byte, cands []events.WorkerEntry, identity, 
 // on requests in flight.
 func (ex *exchange) pick(cands []events.WorkerEntry) (events.WorkerEntry, bool) {
 	rt := ex.rt
-	if rt.cfg.PickLeastPotential && rt.slots != nil && ex.prompt != nil {
-		if w, ok := rt.slots.leastPotential(ex.model, cands, ex.tried, ex.prompt, rt.loads.inFlight); ok {
+	if rt.cfg.PickLeastPotential && rt.slots != nil {
+		if w, ok := rt.slots.leastPotential(ex.model, cands, ex.tried, &ex.prompt, rt.loads.inFlight); ok {
 			return w, true
 		}
 	}
@@ -373,7 +372,7 @@ func (ex *exchange) send(worker events.WorkerEntry, body []byte, identity, conti
 	}
 	load := rt.loads.counter(worker.Endpoint)
 	load.Add(1)
-	sl := rt.slots.add(ex.model, worker.WorkerID, ex.prompt)
+	sl := rt.slots.add(ex.model, worker.WorkerID, &ex.prompt)
 	timer := time.AfterFunc(rt.cfg.UpstreamTimeout, func() { cancel(ErrUpstreamTimeout) })
 	resp, err := rt.transport.RoundTrip(req)
 	if !timer.Stop() && err == nil {

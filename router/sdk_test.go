@@ -13,6 +13,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/workermon/workermon/internal/natstest"
 	"github.com/workermon/workermon/sim"
 )
 
@@ -44,13 +45,9 @@ func newSDKEnv(t *testing.T, config func(*Config)) *sdkEnv {
 	t.Cleanup(func() { _ = w.Close(context.Background()) })
 	env.putRecord(t, sdkModel, []uint64{1}, nil, time.Now())
 	// The worker registers itself; wait until the router knows it.
-	deadline := time.Now().Add(10 * time.Second)
-	for len(env.registry.Endpoints(sdkModel)) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the simulated worker never registered")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	natstest.WaitFor(t, 10*time.Second, "the simulated worker's registration", func() bool {
+		return len(env.registry.Endpoints(sdkModel)) > 0
+	})
 	client := openai.NewClient(option.WithBaseURL(env.front.URL+"/v1/"), option.WithAPIKey("unused"),
 		option.WithMaxRetries(0), option.WithHTTPClient(env.front.Client()))
 	return &sdkEnv{testEnv: env, worker: w, client: client}
@@ -122,13 +119,7 @@ func TestSDKErrors(t *testing.T) {
 		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(3)}
 
 	e.putRecord(t, sdkModel, nil, []uint64{1}, time.Now())
-	deadline := time.Now().Add(10 * time.Second)
-	for e.watcher.Decide(sdkModel).Admit {
-		if time.Now().After(deadline) {
-			t.Fatal("the router never saw the all-busy record")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	natstest.WaitFor(t, 10*time.Second, "the all-busy record", func() bool { return !e.watcher.Decide(sdkModel).Admit })
 	_, err := e.client.Completions.New(ctx, params)
 	ae := apiError(t, err)
 	if ae.StatusCode != http.StatusServiceUnavailable || ae.Type != "service_unavailable" ||
@@ -209,13 +200,7 @@ func TestSDKDefaultRetries(t *testing.T) {
 	t.Parallel()
 	e := newSDKEnv(t, nil)
 	e.putRecord(t, sdkModel, nil, []uint64{1}, time.Now())
-	deadline := time.Now().Add(10 * time.Second)
-	for e.watcher.Decide(sdkModel).Admit {
-		if time.Now().After(deadline) {
-			t.Fatal("the router never saw the all-busy record")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	natstest.WaitFor(t, 10*time.Second, "the all-busy record", func() bool { return !e.watcher.Decide(sdkModel).Admit })
 	counter := &countingTransport{next: e.front.Client().Transport}
 	client := openai.NewClient(option.WithBaseURL(e.front.URL+"/v1/"), option.WithAPIKey("unused"),
 		option.WithHTTPClient(&http.Client{Transport: counter}))

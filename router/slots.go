@@ -105,9 +105,13 @@ func (p *promptLoad) hashes(blockSize uint32) []uint64 {
 		return nil
 	}
 	if p.hashedFor != blockSize {
-		p.hashed = p.hashed[:0]
+		n := 0
 		for _, seq := range p.tokens {
-			p.hashed = append(p.hashed, slots.BlockHashes(seq, blockSize)...)
+			n += len(seq) / int(blockSize)
+		}
+		p.hashed = slices.Grow(p.hashed[:0], n)
+		for _, seq := range p.tokens {
+			p.hashed = slots.AppendBlockHashes(p.hashed, seq, blockSize)
 		}
 		p.hashedFor = blockSize
 	}
@@ -132,7 +136,7 @@ type slot struct {
 // add records a request for model sent to worker; nil when the tracker is
 // off or does not know the worker (not yet synced from the registry).
 func (s *slotTracker) add(model string, worker uint64, p *promptLoad) *slot {
-	if s == nil || p == nil {
+	if s == nil {
 		return nil
 	}
 	id := s.prefix + "-" + strconv.FormatUint(s.next.Add(1), 10)

@@ -45,7 +45,7 @@ func BenchmarkPotentialLoads(b *testing.B) {
 // BenchmarkBlockMemory reports the heap a held block hash costs
 // (B/block), which Config.MaxBlocks multiplies: 250 requests of 1,000
 // blocks on 50 ranks, with every hash on one rank only (distinct: the
-// worst case, each hash has its own set of holders) or with the requests
+// worst case, each hash has its own entry in the holders) or with the requests
 // of a rank sharing their hashes (shared: only the request's own list
 // grows).
 func BenchmarkBlockMemory(b *testing.B) {

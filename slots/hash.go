@@ -1,8 +1,7 @@
 package slots
 
 import (
-	"encoding/binary"
-	"hash/fnv"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -17,23 +16,41 @@ func BlockHashes(tokens []uint32, blockSize uint32) []uint64 {
 	if blockSize == 0 {
 		return nil
 	}
-	n := len(tokens) / int(blockSize)
-	out := make([]uint64, 0, n)
-	h := fnv.New64a()
-	buf := make([]byte, 8+4*int(blockSize))
-	var prev uint64
-	for i := range n {
-		binary.LittleEndian.PutUint64(buf, prev)
-		for j, tok := range tokens[i*int(blockSize) : (i+1)*int(blockSize)] {
-			binary.LittleEndian.PutUint32(buf[8+4*j:], tok)
-		}
-		h.Reset()
-		_, _ = h.Write(buf)
-		prev = h.Sum64()
-		out = append(out, prev)
-	}
-	return out
+	return AppendBlockHashes(make([]uint64, 0, len(tokens)/int(blockSize)), tokens, blockSize)
 }
+
+// AppendBlockHashes appends the BlockHashes of tokens to dst and returns
+// the extended slice; it allocates nothing beyond dst's growth (the
+// router's request path calls it).
+func AppendBlockHashes(dst []uint64, tokens []uint32, blockSize uint32) []uint64 {
+	if blockSize == 0 {
+		return dst
+	}
+	var prev uint64
+	for block := range slices.Chunk(tokens, int(blockSize)) {
+		if len(block) < int(blockSize) {
+			break // a trailing partial block has no hash
+		}
+		h := uint64(fnvOffset64)
+		for i := range 8 {
+			h = (h ^ uint64(byte(prev>>(8*i)))) * fnvPrime64
+		}
+		for _, tok := range block {
+			for i := range 4 {
+				h = (h ^ uint64(byte(tok>>(8*i)))) * fnvPrime64
+			}
+		}
+		prev = h
+		dst = append(dst, prev)
+	}
+	return dst
+}
+
+// The parameters of 64-bit FNV-1a (as hash/fnv's New64a).
+const (
+	fnvOffset64 = 14695981039346656037
+	fnvPrime64  = 1099511628211
+)
 
 // CharsPerToken is the estimate of characters per token for a prompt that
 // carries text, not token ids (contract §11).

@@ -1,6 +1,9 @@
 package slots
 
 import (
+	"encoding/binary"
+	"hash/fnv"
+	"math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -33,6 +36,49 @@ func TestBlockHashes(t *testing.T) {
 	}
 	if got := BlockHashes(a[:3], 4); len(got) != 0 {
 		t.Fatalf("shorter than a block: %v", got)
+	}
+}
+
+// referenceBlockHashes is the contract's hash spelled with hash/fnv: 64-bit
+// FNV-1a over the previous hash and the block's tokens, little-endian.
+func referenceBlockHashes(tokens []uint32, blockSize uint32) []uint64 {
+	var out []uint64
+	var prev uint64
+	for i := 0; i+int(blockSize) <= len(tokens); i += int(blockSize) {
+		buf := binary.LittleEndian.AppendUint64(nil, prev)
+		for _, tok := range tokens[i : i+int(blockSize)] {
+			buf = binary.LittleEndian.AppendUint32(buf, tok)
+		}
+		h := fnv.New64a()
+		_, _ = h.Write(buf)
+		prev = h.Sum64()
+		out = append(out, prev)
+	}
+	return out
+}
+
+// TestBlockHashesFNV: the hashes are FNV-1a as the contract spells it, so
+// every router of a fleet (of any release) hashes alike; appending to a
+// slice with room allocates nothing.
+func TestBlockHashesFNV(t *testing.T) { // not parallel: it counts allocations
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, bs := range []uint32{1, 4, 16, 64} {
+		tokens := make([]uint32, 300)
+		for i := range tokens {
+			tokens[i] = rng.Uint32()
+		}
+		want := referenceBlockHashes(tokens, bs)
+		if got := BlockHashes(tokens, bs); !slices.Equal(got, want) {
+			t.Fatalf("block size %d: %v, want %v", bs, got, want)
+		}
+		dst := []uint64{42}
+		if got := AppendBlockHashes(dst, tokens, bs); got[0] != 42 || !slices.Equal(got[1:], want) {
+			t.Fatalf("block size %d: appended %v, want 42 then %v", bs, got, want)
+		}
+		buf := make([]uint64, 0, len(want))
+		if allocs := testing.AllocsPerRun(10, func() { buf = AppendBlockHashes(buf[:0], tokens, bs) }); allocs != 0 {
+			t.Errorf("block size %d: %v allocations appending to a slice with room", bs, allocs)
+		}
 	}
 }
 

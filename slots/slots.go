@@ -60,11 +60,10 @@ const (
 	DefaultMaxHashesPerRequest = 32768
 	// DefaultMaxBlocks is the most block hashes held by the active
 	// requests, over all trackers (see Config.MaxBlocks): 2,097,152, as
-	// many as 10,000 requests of 200 blocks. A held hash costs about 330
-	// bytes of heap when no other request of its rank holds it, 70 when
-	// five requests share it, 40 when ten do (BenchmarkBlockMemory): at
-	// most about 700 MB at this cap, far less when requests share
-	// prefixes.
+	// many as 10,000 requests of 200 blocks. A held hash costs about 120
+	// bytes of heap when no other request of its rank holds it, 26 when
+	// five requests share it (BenchmarkBlockMemory): at most about 250 MB
+	// at this cap, far less when requests share prefixes.
 	DefaultMaxBlocks = 2 << 20
 	// MaxRanks bounds a worker's dp_size, as the monitor bounds dp_size.
 	MaxRanks = 1024
@@ -230,7 +229,7 @@ type tracker struct {
 	requests  map[string]*request
 	// holders are the ranks holding each block hash: a projection looks
 	// up the request's hashes, not every rank's blocks.
-	holders map[uint64]map[rankKey]struct{}
+	holders map[uint64]holderSet
 	// order is the ranks sorted by (worker, rank), rebuilt after a
 	// registration changed them (stale).
 	order []rankRef
@@ -258,21 +257,45 @@ func (tr *tracker) sorted() []rankRef {
 	return tr.order
 }
 
+// holderSet is the ranks holding one block hash. Most hashes are held by
+// one rank, kept inline, so that holding a hash allocates no set of its
+// own; the others spill into more.
+type holderSet struct {
+	first rankKey
+	more  map[rankKey]struct{} // nil until a second rank holds the hash
+}
+
 // hold and release keep holders in step with a rank's blocks.
 func (tr *tracker) hold(h uint64, rk rankKey) {
-	hs := tr.holders[h]
-	if hs == nil {
-		hs = make(map[rankKey]struct{}, 1)
-		tr.holders[h] = hs
+	hs, ok := tr.holders[h]
+	switch {
+	case !ok:
+		tr.holders[h] = holderSet{first: rk}
+	case hs.first != rk:
+		if hs.more == nil {
+			hs.more = make(map[rankKey]struct{}, 1)
+			tr.holders[h] = hs
+		}
+		hs.more[rk] = struct{}{}
 	}
-	hs[rk] = struct{}{}
 }
 
 func (tr *tracker) release(h uint64, rk rankKey) {
-	hs := tr.holders[h]
-	delete(hs, rk)
-	if len(hs) == 0 {
+	hs, ok := tr.holders[h]
+	switch {
+	case !ok:
+	case hs.first != rk:
+		delete(hs.more, rk)
+	case len(hs.more) == 0:
 		delete(tr.holders, h)
+	default:
+		// Another holder takes first's place.
+		for next := range hs.more {
+			delete(hs.more, next)
+			hs.first = next
+			tr.holders[h] = hs
+			break
+		}
 	}
 }
 
@@ -367,7 +390,7 @@ func (t *Tracker) Register(w Worker) error {
 		}
 		tr = &tracker{key: k, blockSize: w.BlockSize, workers: make(map[uint64]Worker),
 			ranks: make(map[rankKey]*rank), requests: make(map[string]*request),
-			holders: make(map[uint64]map[rankKey]struct{})}
+			holders: make(map[uint64]holderSet)}
 	}
 	if len(tr.workers) > 0 && tr.blockSize != w.BlockSize {
 		return fmt.Errorf("block_size %d differs from %d, the block size of the other workers of %q/%q: %w",
@@ -613,21 +636,15 @@ func (t *Tracker) add(tr *tracker, rk rankKey, rs *rank, req Request) error {
 	return nil
 }
 
-// distinct returns the hashes without repeats, in their order, in a slice
-// of their own.
+// distinct returns the hashes without repeats, sorted, in a slice of
+// their own (a sort, not a set: an add allocates only the slice it keeps).
 func distinct(hashes []uint64) []uint64 {
 	if len(hashes) == 0 {
 		return nil
 	}
-	seen := make(map[uint64]struct{}, len(hashes))
-	out := make([]uint64, 0, len(hashes))
-	for _, h := range hashes {
-		if _, ok := seen[h]; !ok {
-			seen[h] = struct{}{}
-			out = append(out, h)
-		}
-	}
-	return slices.Clip(out)
+	out := slices.Clone(hashes)
+	slices.Sort(out)
+	return slices.Clip(slices.Compact(out))
 }
 
 // BlockSize is the block size of the (model, tenant)'s workers, 0 when
@@ -767,23 +784,26 @@ func (t *Tracker) PotentialLoads(model, tenant string, hashes []uint64, newISL u
 	if err != nil {
 		return nil, err
 	}
-	distinct := slices.Clone(hashes)
-	slices.Sort(distinct)
-	distinct = slices.Compact(distinct)
+	own := distinct(hashes)
 	// The request's blocks each rank already holds.
 	var shared map[rankKey]uint64
-	for _, h := range distinct {
-		for rk := range tr.holders[h] {
-			if shared == nil {
-				shared = make(map[rankKey]uint64)
-			}
+	for _, h := range own {
+		hs, ok := tr.holders[h]
+		if !ok {
+			continue
+		}
+		if shared == nil {
+			shared = make(map[rankKey]uint64)
+		}
+		shared[hs.first]++
+		for rk := range hs.more {
 			shared[rk]++
 		}
 	}
 	out := make([]Potential, 0, len(tr.ranks))
 	for _, r := range tr.sorted() {
 		out = append(out, Potential{WorkerID: r.key.worker, DPRank: r.key.rank, PotentialPrefillTokens: r.prefill + newISL,
-			PotentialDecodeBlocks: uint64(len(r.blocks)) + uint64(len(distinct)) - shared[r.key]})
+			PotentialDecodeBlocks: uint64(len(r.blocks)) + uint64(len(own)) - shared[r.key]})
 	}
 	return out, nil
 }

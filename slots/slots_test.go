@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -402,4 +404,67 @@ func TestAddLeastLoaded(t *testing.T) {
 	wantErr(t, "duplicate id", err, ErrConflict)
 	_, err = tr.AddLeastLoaded(Request{Model: "m", WorkerID: 1})
 	wantErr(t, "no id", err, ErrInvalid)
+}
+
+// TestHoldersFollowBlocks: after random adds and frees of requests sharing
+// hashes on four ranks, every hash's holders are exactly the ranks whose
+// blocks hold it (the first holder leaving hands its place to another), and
+// nothing is left once every request is freed.
+func TestHoldersFollowBlocks(t *testing.T) {
+	t.Parallel()
+	tr, err := New(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, tr.Register(Worker{WorkerID: 1, Model: "m", BlockSize: 4, DPSize: 4}))
+	check := func(step int) {
+		t.Helper()
+		in := tr.trackers[key{"m", DefaultTenant}]
+		want := map[uint64]map[rankKey]bool{}
+		for rk, rs := range in.ranks {
+			for h := range rs.blocks {
+				if want[h] == nil {
+					want[h] = map[rankKey]bool{}
+				}
+				want[h][rk] = true
+			}
+		}
+		if len(in.holders) != len(want) {
+			t.Fatalf("step %d: %d hashes have holders, %d are held", step, len(in.holders), len(want))
+		}
+		for h, hs := range in.holders {
+			got := map[rankKey]bool{hs.first: true}
+			for rk := range hs.more {
+				if got[rk] {
+					t.Fatalf("step %d: hash %d: rank %v twice", step, h, rk)
+				}
+				got[rk] = true
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want[h]) {
+				t.Fatalf("step %d: hash %d held by %v, holders %v", step, h, want[h], got)
+			}
+		}
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	var active []string
+	for step := range 2000 {
+		if len(active) > 0 && rng.IntN(2) == 0 {
+			i := rng.IntN(len(active))
+			must(t, tr.Free("m", "", active[i]))
+			active = slices.Delete(active, i, i+1)
+		} else {
+			id := fmt.Sprint("r", step)
+			hashes := make([]uint64, 1+rng.IntN(6))
+			for j := range hashes {
+				hashes[j] = uint64(rng.IntN(12))
+			}
+			must(t, tr.Add(Request{Model: "m", ID: id, WorkerID: 1, DPRank: uint32(rng.IntN(4)), Hashes: hashes}))
+			active = append(active, id)
+		}
+		check(step)
+	}
+	for _, id := range active {
+		must(t, tr.Free("m", "", id))
+	}
+	check(-1)
 }
