@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/natstest"
+	"github.com/workermon/workermon/internal/syncbuf"
 )
 
 var t0 = time.Date(2026, 11, 10, 12, 0, 0, 123_000_000, time.UTC)
@@ -180,24 +180,6 @@ func TestSinkChanges(t *testing.T) {
 	}
 }
 
-// syncBuffer is a strings.Builder safe for a writer and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestRunScreen redraws a record written to a real bucket, and restores
 // the terminal when it ends.
 func TestRunScreen(t *testing.T) {
@@ -212,7 +194,7 @@ func TestRunScreen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cfg := DefaultConfig()
 	cfg.JetStream, cfg.Out, cfg.Mode, cfg.Color = js, out, Screen, true
 	ctx, cancel := context.WithCancel(t.Context())
@@ -255,7 +237,7 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 	c = DefaultConfig()
-	c.Out, c.Model = &syncBuffer{}, strings.Repeat("x", 300)
+	c.Out, c.Model = &syncbuf.Buffer{}, strings.Repeat("x", 300)
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "model") {
 		t.Errorf("a 300-byte model name: %v", err)
 	}

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/workermon/workermon/api"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/natstest"
+	"github.com/workermon/workermon/internal/syncbuf"
 )
 
 const (
@@ -348,7 +347,7 @@ func TestThresholdsSurviveRestart(t *testing.T) {
 // TestThresholdsAPIWarnsWithoutToken checks the startup warning.
 func TestThresholdsAPIWarnsWithoutToken(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	o := defaultServeOptions()
 	o.embedded.Addr, o.embedded.DataDir, o.httpAddr = "127.0.0.1:0", t.TempDir(), "127.0.0.1:0"
 	log, err := logOptions{level: "info", format: "text"}.logger(&logs)
@@ -367,22 +366,4 @@ func TestThresholdsAPIWarnsWithoutToken(t *testing.T) {
 	if s := logs.String(); !strings.Contains(s, "level=WARN") || !strings.Contains(s, "anyone who can reach the API can change thresholds") {
 		t.Errorf("no warning in the log:\n%s", s)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

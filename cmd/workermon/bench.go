@@ -410,6 +410,15 @@ func (b *bencher) sentinel(ctx context.Context) error {
 
 // await reads w until a record satisfies ok.
 func (b *bencher) await(ctx context.Context, w jetstream.KeyWatcher, ok func(events.BusySet) bool) error {
+	return b.awaitEntry(ctx, w, "the expected record", func(e jetstream.KeyValueEntry) bool {
+		rec, err := events.DecodeBusySet(e.Value())
+		return err == nil && ok(rec)
+	})
+}
+
+// awaitEntry reads w until an entry satisfies ok, for up to
+// o.waitTimeout; what names the awaited entry in the error.
+func (b *bencher) awaitEntry(ctx context.Context, w jetstream.KeyWatcher, what string, ok func(jetstream.KeyValueEntry) bool) error {
 	timeout := time.After(b.o.waitTimeout)
 	for {
 		select {
@@ -417,14 +426,11 @@ func (b *bencher) await(ctx context.Context, w jetstream.KeyWatcher, ok func(eve
 			if !open {
 				return errors.New("bench: watch ended")
 			}
-			if e == nil {
-				continue
-			}
-			if rec, err := events.DecodeBusySet(e.Value()); err == nil && ok(rec) {
+			if e != nil && ok(e) {
 				return nil
 			}
 		case <-timeout:
-			return errors.New("bench: the expected record did not come")
+			return fmt.Errorf("bench: %s did not come", what)
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -474,7 +480,9 @@ func (b *bencher) latency(ctx context.Context, res *benchResult) error {
 			if _, err := kv.Put(ctx, "k", []byte(want)); err != nil {
 				return err
 			}
-			if err := b.awaitRaw(ctx, rawW, want); err != nil {
+			if err := b.awaitEntry(ctx, rawW, "the raw put", func(e jetstream.KeyValueEntry) bool {
+				return string(e.Value()) == want
+			}); err != nil {
 				return err
 			}
 			rawTook = append(rawTook, time.Since(start))
@@ -502,26 +510,6 @@ func (b *bencher) latency(ctx context.Context, res *benchResult) error {
 	res.RawP50, res.RawP99 = percentileUS(rawTook, 50), percentileUS(rawTook, 99)
 	res.P50, res.P99 = percentileUS(took, 50), percentileUS(took, 99)
 	return nil
-}
-
-// awaitRaw reads w until it sees the value want.
-func (b *bencher) awaitRaw(ctx context.Context, w jetstream.KeyWatcher, want string) error {
-	timeout := time.After(b.o.waitTimeout)
-	for {
-		select {
-		case e, open := <-w.Updates():
-			if !open {
-				return errors.New("bench: watch ended")
-			}
-			if e != nil && string(e.Value()) == want {
-				return nil
-			}
-		case <-timeout:
-			return errors.New("bench: the raw put did not come")
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
 }
 
 // memory holds o.memWorkers workers of 8 ranks and measures the growth of

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/natstest"
 	"github.com/workermon/workermon/sim"
 )
 
@@ -131,13 +132,9 @@ func runClosedLoop(t testing.TB, lo loopOptions) loopResult {
 		}
 		body = fmt.Sprintf(`{"model":%q,"prompt":[%s],"max_tokens":60,"stream":true}`, model, strings.Join(ids, ","))
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for len(rt.registry.Endpoints(model)) < 3 || !rt.watcher.Decide(model).Admit {
-		if time.Now().After(deadline) {
-			t.Fatal("router never saw the three workers")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	natstest.WaitFor(t, 15*time.Second, "the router sees the three workers", func() bool {
+		return len(rt.registry.Endpoints(model)) >= 3 && rt.watcher.Decide(model).Admit
+	})
 
 	ctx, stop := context.WithTimeout(t.Context(), duration)
 	defer stop()

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/workermon/workermon/internal/natstest"
+	"github.com/workermon/workermon/internal/syncbuf"
 )
 
 // TestSlotsHealthVersion: the slot tracker's /health (Dynamo's, 200) names
@@ -78,7 +79,7 @@ func TestSimReportsVersion(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithCancel(t.Context())
-			var stdout, stderr syncBuffer
+			var stdout, stderr syncbuf.Buffer
 			done := make(chan error, 1)
 			args := append([]string{"--nats-url", srv.ClientURL(), "--workers", "1", "--port-base", "0"}, tc.args...)
 			go func() { done <- runSim(ctx, args, &stdout, &stderr) }()

@@ -13,16 +13,8 @@ import (
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/natstest"
+	"github.com/workermon/workermon/internal/syncbuf"
 )
-
-// lines returns the complete lines written so far.
-func (l *syncBuffer) lines() []string {
-	s := l.String()
-	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
-		return strings.Split(s[:i], "\n")
-	}
-	return nil
-}
 
 // TestWatchLines runs `workermon watch` with its output not a terminal
 // against a real NATS server whose busy bucket a busylist.Writer writes,
@@ -54,8 +46,8 @@ func TestWatchLines(t *testing.T) {
 	thresholds := events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8)}
 	writer.Set(events.BusySet{Model: model, Free: []uint64{11, 12}, Thresholds: thresholds})
 
-	start := func(args ...string) (*syncBuffer, *syncBuffer, func() error) {
-		var out, errOut syncBuffer
+	start := func(args ...string) (*syncbuf.Buffer, *syncbuf.Buffer, func() error) {
+		var out, errOut syncbuf.Buffer
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error, 1)
 		go func() { done <- runWatch(ctx, append([]string{"--nats-url", srv.ClientURL()}, args...), &out, &errOut) }()
@@ -74,7 +66,7 @@ func TestWatchLines(t *testing.T) {
 	waitLine := func(what string, n int, want ...string) {
 		t.Helper()
 		natstest.WaitFor(t, 10*time.Second, what, func() bool {
-			lines := out.lines()
+			lines := out.Lines()
 			if len(lines) < n {
 				return false
 			}
@@ -119,7 +111,7 @@ func TestWatchLines(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatalf("watch ended with %v", err)
 	}
-	lines := out.lines()
+	lines := out.Lines()
 	if len(lines) != 5 {
 		t.Fatalf("%d lines, want one per change (5):\n%s", len(lines), strings.Join(lines, "\n"))
 	}
@@ -134,7 +126,7 @@ func TestWatchLines(t *testing.T) {
 	if err := stopFiltered(); err != nil {
 		t.Fatal(err)
 	}
-	if got := filtered.lines(); len(got) != 1 || !strings.Contains(got[0], `model="other model" all_busy=true`) {
+	if got := filtered.Lines(); len(got) != 1 || !strings.Contains(got[0], `model="other model" all_busy=true`) {
 		t.Errorf("--model %q wrote:\n%s", other, strings.Join(got, "\n"))
 	}
 }
@@ -146,7 +138,7 @@ func TestWatchUsage(t *testing.T) {
 		{"--nats-url", "ftp://x"},
 		{"extra"},
 	} {
-		err := runWatch(t.Context(), args, &syncBuffer{}, &syncBuffer{})
+		err := runWatch(t.Context(), args, &syncbuf.Buffer{}, &syncbuf.Buffer{})
 		if !errors.Is(err, errUsage) {
 			t.Errorf("%v: %v, want a usage error", args, err)
 		}
