@@ -93,33 +93,13 @@ func (e *writerEnv) run(t *testing.T, cfg busylist.WriterConfig) *busylist.Write
 	if err != nil {
 		t.Fatalf("NewWriter: %v", err)
 	}
-	writerGo(t, w.Run)
+	natstest.Go(t, writerWait, w.Run)
 	select {
 	case <-w.Ready():
 	case <-time.After(writerWait):
 		t.Fatal("writer not ready")
 	}
 	return w
-}
-
-// writerGo runs fn in a goroutine until the end of the test, then cancels
-// it and waits for it to return.
-func writerGo(t *testing.T, fn func(context.Context) error) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	done := make(chan error, 1)
-	go func() { done <- fn(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(writerWait):
-			t.Error("Run did not return after cancel")
-		}
-	})
 }
 
 // bucket opens the busy bucket.
@@ -340,7 +320,7 @@ func TestWriterWarmupKeepsExistingRecords(t *testing.T) {
 	}
 	// Sets before Run are kept too.
 	w.Set(writerSet("Qwen/Qwen3-0.6B", nil, []uint64{1, 3}))
-	writerGo(t, w.Run)
+	natstest.Go(t, writerWait, w.Run)
 	select {
 	case <-w.Ready():
 	case <-time.After(writerWait):

@@ -88,7 +88,7 @@ func TestCordonWatcher(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testGo(t, w.Run)
+	natstest.Go(t, testWait, w.Run)
 	select {
 	case <-w.Synced():
 	case <-time.After(testWait):

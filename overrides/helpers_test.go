@@ -1,7 +1,6 @@
 package overrides_test
 
 import (
-	"context"
 	"log/slog"
 	"testing"
 	"time"
@@ -59,26 +58,6 @@ func (e *testEnv) bucket(t *testing.T, name string) jetstream.KeyValue {
 		t.Fatalf("open bucket: %v", err)
 	}
 	return kv
-}
-
-// testGo runs fn in a goroutine until the end of the test, then cancels it
-// and waits for it to return.
-func testGo(t *testing.T, fn func(context.Context) error) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	done := make(chan error, 1)
-	go func() { done <- fn(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(testWait):
-			t.Error("Run did not return after cancel")
-		}
-	})
 }
 
 // testMetric returns the value of a counter or gauge with the given label

@@ -52,7 +52,7 @@ func threshWatch(t *testing.T, e *testEnv, js jetstream.JetStream) (*overrides.T
 	if err != nil {
 		t.Fatal(err)
 	}
-	testGo(t, w.Run)
+	natstest.Go(t, testWait, w.Run)
 	return w, changes
 }
 

@@ -1,7 +1,7 @@
 // Package natstest starts real in-process NATS servers with JetStream for
 // tests: a fresh store under t.TempDir, a random port on 127.0.0.1, and
 // shutdown at the end of the test. WaitFor polls for what such a server
-// delivers asynchronously.
+// delivers asynchronously; Go runs what a test starts until its end.
 package natstest
 
 import (
@@ -99,6 +99,28 @@ func WaitFor(t testing.TB, within time.Duration, what string, cond func() bool) 
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// Go runs fn in a goroutine until the end of the test, then cancels its
+// context and waits up to within for it to return, failing the test when it
+// returns an error or does not return: for the Run loops of what a test
+// starts against its server.
+func Go(t testing.TB, within time.Duration, fn func(context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	done := make(chan error, 1)
+	go func() { done <- fn(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(within):
+			t.Error("Run did not return after cancel")
+		}
+	})
 }
 
 // Put puts data under key, retrying until the server takes it (it may be
