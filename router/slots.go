@@ -98,8 +98,8 @@ func textTokens(raw json.RawMessage) uint64 {
 	return n
 }
 
-// hashes returns the prompt's block hashes in blocks of blockSize tokens;
-// only the request's goroutine calls it.
+// hashes returns the prompt's distinct block hashes in blocks of blockSize
+// tokens; only the request's goroutine calls it.
 func (p *promptLoad) hashes(blockSize uint32) []uint64 {
 	if len(p.tokens) == 0 || blockSize == 0 {
 		return nil
@@ -112,6 +112,13 @@ func (p *promptLoad) hashes(blockSize uint32) []uint64 {
 		p.hashed = slices.Grow(p.hashed[:0], n)
 		for _, seq := range p.tokens {
 			p.hashed = slots.AppendBlockHashes(p.hashed, seq, blockSize)
+		}
+		if len(p.tokens) > 1 {
+			// Sequences sharing a prefix share its blocks, which a rank
+			// holds once (contract §11): the projection must count them
+			// once. One sequence's chained hashes are distinct already.
+			slices.Sort(p.hashed)
+			p.hashed = slices.Compact(p.hashed)
 		}
 		p.hashedFor = blockSize
 	}

@@ -46,6 +46,34 @@ func TestParsePrompt(t *testing.T) {
 // its blocks (token-id prompts only, in the registered block size) until
 // the answer ends; a client that goes away frees it too. /loads and
 // /potential_loads answer from the same tracker.
+// A prompt of several sequences sharing a prefix holds the prefix's blocks
+// once on a rank (contract §11), so its hashes list them once.
+func TestPromptHashesDistinct(t *testing.T) {
+	t.Parallel()
+	prefix := make([]uint32, 64)
+	for i := range prefix {
+		prefix[i] = uint32(i)
+	}
+	a := append(slices.Clone(prefix), 1000, 1001, 1002, 1003)
+	b := append(slices.Clone(prefix), 2000, 2001, 2002, 2003)
+	p := promptLoad{tokens: [][]uint32{a, b}}
+	got := p.hashes(4)
+	want := slots.BlockHashes(a, 4)
+	for _, h := range slots.BlockHashes(b, 4) {
+		if !slices.Contains(want, h) {
+			want = append(want, h)
+		}
+	}
+	if len(got) != len(want) || len(want) != 18 {
+		t.Fatalf("%d hashes, want the %d distinct blocks of two sequences sharing 16 (of 17 each)", len(got), len(want))
+	}
+	for _, h := range want {
+		if !slices.Contains(got, h) {
+			t.Fatalf("hash %x of the prompt missing", h)
+		}
+	}
+}
+
 func TestSlotsFollowRequests(t *testing.T) {
 	t.Parallel()
 	tr, err := slots.New(slots.DefaultConfig())

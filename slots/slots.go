@@ -586,7 +586,8 @@ func leastLoaded(tr *tracker, w Worker, hashes []uint64) (rankKey, *rank, Potent
 
 // WorkerPotential projects adding a request to the worker's rank it would
 // load least (as AddLeastLoaded picks it): that rank's prefill tokens +
-// newISL, and its blocks + the request's blocks not on it. ok is false when
+// newISL, and its blocks + the request's blocks not on it (hashes must be
+// distinct: one given twice counts twice). ok is false when
 // the worker is not registered for the (model, tenant), and when the
 // request has more hashes than an add accepts (not counted: the add that
 // follows is).
