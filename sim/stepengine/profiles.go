@@ -58,25 +58,25 @@ func Profiles() []Profile {
 				BlockSize:        16,
 				MaxBatchedTokens: 2048,
 				MaxNumSeqs:       DefaultMaxNumSeqs,
-				StepBase:         8 * time.Millisecond,
+				StepBase:         12 * time.Millisecond,
 				PrefillPerToken:  62500 * time.Nanosecond, // 16,000 tokens/s
-				DecodePerRequest: 500 * time.Microsecond,
-				ContextPerToken:  time.Microsecond,
+				DecodePerRequest: 10 * time.Microsecond,
+				ContextPerToken:  2 * time.Microsecond,
 			},
-			SLO: SLO{TTFT: time.Second, ITL: 60 * time.Millisecond},
+			SLO: SLO{TTFT: time.Second, ITL: 50 * time.Millisecond},
 		},
 		{
 			Name:    ProfileLlama70BH100,
 			Summary: "Llama-3.3-70B-Instruct FP8 TP2 on 2 x H100 80GB (NVIDIA NIM 1.8.0 benchmark)",
 			Config: Config{
-				KVBlocks:         28125, // 450,000 tokens
+				KVBlocks:         30000, // 480,000 tokens
 				BlockSize:        16,
 				MaxBatchedTokens: 8192,
 				MaxNumSeqs:       DefaultMaxNumSeqs,
-				StepBase:         18520 * time.Microsecond,
+				StepBase:         18390 * time.Microsecond,
 				PrefillPerToken:  77800 * time.Nanosecond, // 12,850 tokens/s
 				DecodePerRequest: 10 * time.Microsecond,
-				ContextPerToken:  10 * time.Nanosecond,
+				ContextPerToken:  35 * time.Nanosecond,
 			},
 			SLO: SLO{TTFT: 2 * time.Second, ITL: 100 * time.Millisecond},
 		},
