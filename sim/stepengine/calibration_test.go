@@ -111,20 +111,29 @@ func TestCalibrationLlama70B(t *testing.T) {
 	}
 }
 
-// TestTinySaturates checks the tiny profile's scale: one rank serves a few
-// chat requests per second (prompt 128–512, output 64–256 tokens).
-func TestTinySaturates(t *testing.T) {
+// TestProfileScales checks the tiny profile's scale: one rank serves a few
+// chat requests per second (prompt 128–512, output 64–256 tokens: 320 and
+// 160 on average). It logs the demo profile's figures too (prompt 128,
+// output the sim's default max_tokens, 64).
+func TestProfileScales(t *testing.T) {
 	t.Parallel()
-	p, err := LookupProfile(ProfileTiny)
+	tiny, err := LookupProfile(ProfileTiny)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, conc := range []int{1, 8, 16, 32} {
-		got := closedLoop(t, p.Config, conc, 320, 160, 6)
+		got := closedLoop(t, tiny.Config, conc, 320, 160, 6)
 		rps := got.throughput / 160
-		t.Logf("tiny, concurrency %d: %.1f requests/s, TTFT %v, ITL %v, %d preemptions", conc, rps, got.ttft, got.itl, got.preempted)
+		t.Logf("| tiny | %d | %.1f | %.0f | %.1f | %d |", conc, rps, ms(got.ttft), ms(got.itl), got.preempted)
 		if conc == 32 && (rps < 2 || rps > 10) {
 			t.Errorf("tiny saturates at %.1f requests/s, want a few", rps)
 		}
 	}
+	for _, conc := range []int{1, 8, 32} {
+		got := closedLoop(t, DefaultConfig(), conc, 128, 64, 6)
+		t.Logf("| demo | %d | %.1f | %.0f | %.1f | %d |", conc, got.throughput/64, ms(got.ttft), ms(got.itl), got.preempted)
+	}
 }
+
+// ms returns d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
