@@ -71,8 +71,8 @@ func Profiles() []Profile {
 			Config: Config{
 				KVBlocks:         30000, // 480,000 tokens
 				BlockSize:        16,
-				MaxBatchedTokens: 8192,
-				MaxNumSeqs:       DefaultMaxNumSeqs,
+				MaxBatchedTokens: 8192, // vLLM V1's default on a GPU of 70 GiB or more
+				MaxNumSeqs:       1024, // likewise
 				StepBase:         18390 * time.Microsecond,
 				PrefillPerToken:  77800 * time.Nanosecond, // 12,850 tokens/s
 				DecodePerRequest: 10 * time.Microsecond,
