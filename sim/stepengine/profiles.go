@@ -60,7 +60,7 @@ func Profiles() []Profile {
 				MaxNumSeqs:       DefaultMaxNumSeqs,
 				StepBase:         12 * time.Millisecond,
 				PrefillPerToken:  62500 * time.Nanosecond, // 16,000 tokens/s
-				DecodePerRequest: 10 * time.Microsecond,
+				DecodePerRequest: 500 * time.Microsecond,
 				ContextPerToken:  2 * time.Microsecond,
 			},
 			SLO: SLO{TTFT: time.Second, ITL: 50 * time.Millisecond},
