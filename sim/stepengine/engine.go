@@ -303,8 +303,11 @@ type Plan struct {
 func (e *Engine) LastPlan() Plan { return e.lastPlan }
 
 // Begin schedules a step starting at now (at the previous step's end if the
-// engine has been busy since, or if now is before it) and returns when it
-// ends; ok is false, and nothing happens, when the engine has no request.
+// engine has been busy since, or if now is before it; at the first arrival
+// if nothing runs) and returns when it ends; ok is false, and nothing
+// happens, when the engine has no request. A step admits no request that
+// arrived after it began, so a caller catching up after a stall never
+// yields a token before its request arrived.
 // Its preemptions are reported by End. Begin during a step only returns the
 // step's end.
 func (e *Engine) Begin(now time.Time) (end time.Time, ok bool) {
@@ -318,6 +321,12 @@ func (e *Engine) Begin(now time.Time) (end time.Time, ok bool) {
 	start := now
 	if e.catchUp || start.Before(e.end) {
 		start = e.end
+	}
+	if len(e.running) == 0 {
+		// Nothing runs before the first waiting request arrives.
+		if a := e.waiting.front().arrival; start.Before(a) {
+			start = a
+		}
 	}
 	e.events = e.events[:0]
 	e.batch = e.batch[:0]
@@ -349,6 +358,9 @@ func (e *Engine) Begin(now time.Time) (end time.Time, ok bool) {
 	// Then the waiting ones, unless this step preempted.
 	for p.Preempted == 0 && budget > 0 && e.waiting.len() > 0 && len(e.running) < e.cfg.MaxNumSeqs {
 		r := e.waiting.front()
+		if r.arrival.After(start) {
+			break // it arrived after the step began (the caller is catching up)
+		}
 		n := min(r.tokens()-r.computed, budget)
 		if !e.allocate(r, n) {
 			break

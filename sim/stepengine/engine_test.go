@@ -378,6 +378,44 @@ func TestClockTiedToSchedule(t *testing.T) {
 	}
 }
 
+// TestStallKeepsTimeOrder: after a stall the caller catches up with steps
+// that began before a request arrived; none of them admits it, and its first
+// token comes after its arrival.
+func TestStallKeepsTimeOrder(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	e := newEngine(t, cfg)
+	add(t, e, t0, 4, 100)
+	end, _, _ := e.Step(t0)
+	late := end.Add(200 * time.Millisecond) // the caller wakes 200 ms late
+	r := add(t, e, late, 8, 2)
+	now := late
+	for steps := 0; r.Output() == 0; steps++ {
+		if steps > 100 {
+			t.Fatal("the late request never got its first token")
+		}
+		end, evs, _ := e.Step(now)
+		if e.LastPlan().Start.Before(late) && r.State() != StateWaiting {
+			t.Fatalf("a step that began at %v admitted a request that arrived at %v", e.LastPlan().Start.Sub(t0), late.Sub(t0))
+		}
+		for _, ev := range evs {
+			if ev.Request == r && (ev.Latency <= 0 || !ev.At.After(late)) {
+				t.Fatalf("event %+v of a request that arrived at %v", ev, late.Sub(t0))
+			}
+		}
+		now = end
+	}
+
+	// An idle engine given a request that arrives later starts then.
+	e = newEngine(t, cfg)
+	future := t0.Add(time.Second)
+	add(t, e, future, 4, 1)
+	if _, ok := e.Begin(t0); !ok || e.LastPlan().Start != future {
+		t.Fatalf("step starts at %v, want the arrival %v", e.LastPlan().Start, future)
+	}
+	e.End()
+}
+
 func TestAddTooLong(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig() // 64 blocks of 4: 256 tokens of context
