@@ -54,7 +54,10 @@ func FuzzEngine(f *testing.F) {
 			switch next() % 4 {
 			case 0: // an arrival
 				prompt, maxTokens := 1+next()%48, 1+next()%48
-				r, err := e.Add(now, prompt, maxTokens)
+				// Some arrive after the next step begins (a caller late
+				// with its steps).
+				arrival := now.Add(time.Duration(next()%4) * 5 * time.Millisecond)
+				r, err := e.Add(arrival, prompt, maxTokens)
 				if prompt+maxTokens > cfg.MaxRequestTokens() {
 					if !errors.Is(err, ErrTooLong) {
 						t.Fatalf("Add(%d, %d) to a cache of %d tokens: %v", prompt, maxTokens, cfg.KVBlocks*cfg.BlockSize, err)
@@ -74,7 +77,8 @@ func FuzzEngine(f *testing.F) {
 					}
 				}
 			case 2: // a step
-				if end, _, ok := e.Step(now); ok {
+				if end, evs, ok := e.Step(now); ok {
+					checkEvents(t, evs)
 					now = end
 				}
 			case 3: // a step with a cancellation in its middle
@@ -91,7 +95,9 @@ func FuzzEngine(f *testing.F) {
 						cancelled[r] = true
 					}
 				}
-				for _, ev := range e.End() {
+				evs := e.End()
+				checkEvents(t, evs)
+				for _, ev := range evs {
 					if cancelled[ev.Request] && ev.Kind != EventPreempted {
 						t.Fatalf("event %v for a cancelled request", ev.Kind)
 					}
@@ -101,7 +107,7 @@ func FuzzEngine(f *testing.F) {
 			checkInvariants(t, e)
 		}
 
-		drain(t, e, now, maxSteps)
+		checkEvents(t, drain(t, e, now, maxSteps).events)
 		for _, r := range live {
 			switch {
 			case cancelled[r]:
@@ -116,6 +122,20 @@ func FuzzEngine(f *testing.F) {
 			t.Fatalf("idle engine's load %+v", l)
 		}
 	})
+}
+
+// checkEvents fails the test when an event comes before its request's
+// arrival or has no latency.
+func checkEvents(t *testing.T, evs []Event) {
+	t.Helper()
+	for _, ev := range evs {
+		if ev.Kind == EventPreempted {
+			continue
+		}
+		if ev.Latency <= 0 || !ev.At.After(ev.Request.Arrival()) {
+			t.Fatalf("%v event at %v, latency %v, of a request that arrived at %v", ev.Kind, ev.At, ev.Latency, ev.Request.Arrival())
+		}
+	}
 }
 
 // TestOverloadPreemptsAndRecovers offers a small rank far more than it can
