@@ -32,7 +32,9 @@
 // End, which stamps the step's tokens with that end. While there is work the
 // next step starts at the previous end, not when the caller got round to it,
 // so a stall of the host delays the delivery of tokens but does not lengthen
-// the simulated steps; an idle engine starts its next step when asked.
+// the simulated steps (and the steps that catch up admit no request that
+// arrived after they began); an idle engine starts its next step when
+// asked.
 //
 // An Engine is not safe for concurrent use: one goroutine owns it.
 package stepengine
@@ -307,9 +309,8 @@ func (e *Engine) LastPlan() Plan { return e.lastPlan }
 // if nothing runs) and returns when it ends; ok is false, and nothing
 // happens, when the engine has no request. A step admits no request that
 // arrived after it began, so a caller catching up after a stall never
-// yields a token before its request arrived.
-// Its preemptions are reported by End. Begin during a step only returns the
-// step's end.
+// yields a token before its request arrived. The step's preemptions are
+// reported by End. Begin during a step only returns the step's end.
 func (e *Engine) Begin(now time.Time) (end time.Time, ok bool) {
 	if e.inStep {
 		return e.end, true
