@@ -221,6 +221,7 @@ type Writer struct {
 	inflight int                     // writes in flight
 	puts     map[*nats.Msg]*writerOp // asynchronous puts in flight
 	kv       jetstream.KeyValue      // nil until Run has opened the bucket
+	stream   jetstream.Stream        // the bucket's stream, for reading markers; nil for a mirror
 	pub      jetstream.JetStream     // the asynchronous puts'; nil: every write waits on a goroutine of its own
 	putPre   string                  // the subject of a key is putPre + key
 	held     bool                    // HoldUntil is not closed yet
