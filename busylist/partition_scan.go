@@ -35,7 +35,7 @@ const (
 	headerKVOp = "KV-Operation"
 )
 
-// scanFetchBatch is how many heads one pull of the listing asks for.
+// scanFetchBatch is how many heads the listing's pulls ask for at once.
 const scanFetchBatch = 1024
 
 // keyHead is the last message of one key of the busy bucket, as listed.
@@ -47,6 +47,8 @@ type keyHead struct {
 	epoch      uint64 // valid when epochKnown
 	epochKnown bool   // the message carried headerEpoch
 	monitor    string // headerMonitor; "" when absent
+	data       []byte // the record, when listed with values (scanRecords)
+	hasData    bool
 }
 
 // readHead fills h's marker, epoch and monitor id from a message's headers.
@@ -71,6 +73,28 @@ func readHead(h *keyHead, hdr nats.Header) {
 func scanHeads(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, parts int, want func(int) bool,
 	idle time.Duration,
 ) ([]keyHead, error) {
+	return scanKeys(ctx, js, kv, parts, want, idle, false)
+}
+
+// scanRecordsUpTo is the largest partition count for which a takeover
+// lists the bucket with its values (scanRecords) rather than its headers
+// followed by a read of each of the partition's records: a partition is
+// then at least half the bucket, and one listing costs less than a request
+// per record.
+const scanRecordsUpTo = 2
+
+// scanRecords is scanHeads with the records' values: one listing of the
+// whole bucket, for a partition that is a large part of it.
+func scanRecords(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, parts int, want func(int) bool,
+	idle time.Duration,
+) ([]keyHead, error) {
+	return scanKeys(ctx, js, kv, parts, want, idle, true)
+}
+
+// scanKeys is scanHeads, with the values of the records when values.
+func scanKeys(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, parts int, want func(int) bool,
+	idle time.Duration, values bool,
+) ([]keyHead, error) {
 	bucket := kv.Bucket()
 	sctx, cancel := context.WithTimeout(ctx, idle)
 	stream, err := js.Stream(sctx, "KV_"+bucket)
@@ -89,54 +113,45 @@ func scanHeads(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValu
 	cctx, cancel := context.WithTimeout(ctx, idle)
 	cons, err := stream.OrderedConsumer(cctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{"$KV." + bucket + ".>"}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
-		HeadersOnly: true, InactiveThreshold: max(2*idle, time.Second),
+		HeadersOnly: !values, InactiveThreshold: max(2*idle, time.Second),
 	})
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("busylist: list bucket %s: %w", bucket, err)
 	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(scanFetchBatch))
+	if err != nil {
+		return nil, fmt.Errorf("busylist: list bucket %s: %w", bucket, err)
+	}
+	defer it.Stop()
 	prefix := len("$KV." + bucket + ".")
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		batch, err := cons.Fetch(scanFetchBatch, jetstream.FetchMaxWait(idle))
+		m, err := it.Next(jetstream.NextMaxWait(idle))
 		if err != nil {
 			return nil, fmt.Errorf("busylist: list bucket %s: %w", bucket, err)
 		}
-		got, last := 0, false
-		for m := range batch.Messages() {
-			got++
-			md, err := m.Metadata()
-			if err != nil {
-				continue
-			}
-			last = md.NumPending == 0
-			if len(m.Subject()) <= prefix {
-				continue
-			}
-			key := m.Subject()[prefix:]
-			model, err := events.ParseModelKey(key)
-			if err != nil {
-				continue // not a model's key
-			}
-			p := events.Partition(model, parts)
-			if want != nil && !want(p) {
-				continue
-			}
-			h := keyHead{model: model, key: key, part: p, rev: md.Sequence.Stream}
-			readHead(&h, m.Headers())
-			heads = append(heads, h)
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+		md, err := m.Metadata()
+		if err != nil {
 			return nil, fmt.Errorf("busylist: list bucket %s: %w", bucket, err)
 		}
-		if last {
-			return heads, nil
+		if model, err := events.ParseModelKey(m.Subject()[min(prefix, len(m.Subject())):]); err == nil {
+			if p := events.Partition(model, parts); want == nil || want(p) {
+				h := keyHead{model: model, key: events.ModelKey(model), part: p, rev: md.Sequence.Stream}
+				readHead(&h, m.Headers())
+				if values && !h.deleted {
+					h.data, h.hasData = m.Data(), true
+					if !h.epochKnown {
+						bodyHead(&h, h.data)
+					}
+				}
+				heads = append(heads, h)
+			}
 		}
-		if got == 0 {
-			return nil, fmt.Errorf("busylist: list bucket %s: nothing for %v: %w", bucket, idle,
-				context.DeadlineExceeded)
+		if md.NumPending == 0 {
+			return heads, nil
 		}
 	}
 }
@@ -158,7 +173,7 @@ func scanValues(ctx context.Context, kv jetstream.KeyValue, parts int, want func
 		if want != nil && !want(p) {
 			return
 		}
-		h := keyHead{model: model, key: e.Key(), part: p, rev: e.Revision()}
+		h := keyHead{model: model, key: e.Key(), part: p, rev: e.Revision(), data: e.Value(), hasData: true}
 		bodyHead(&h, e.Value())
 		heads = append(heads, h)
 	})
@@ -167,7 +182,8 @@ func scanValues(ctx context.Context, kv jetstream.KeyValue, parts int, want func
 
 // fetchEach calls fn, from up to writerMaxInFlight goroutines at once,
 // with each head of heads for which need is true and the last message of
-// its key (nil when it has none now, and for a marker, which is not read),
+// its key (nil when it has none now, and for a marker, which is not read;
+// the value listed, when the listing had them),
 // each read bounded by timeout. It returns when every call has returned.
 func fetchEach(ctx context.Context, kv jetstream.KeyValue, stream jetstream.Stream, heads []keyHead,
 	need func(*keyHead) bool, timeout time.Duration, fn func(h *keyHead, m *rawRecord, err error),
@@ -189,7 +205,10 @@ func fetchEach(ctx context.Context, kv jetstream.KeyValue, stream jetstream.Stre
 			defer func() { <-slots }()
 			var m *rawRecord
 			var err error
-			if !h.deleted {
+			switch {
+			case h.hasData:
+				m = &rawRecord{head: *h, data: h.data}
+			case !h.deleted:
 				m, err = readLast(ctx, kv, stream, h.key, timeout)
 			}
 			fn(h, m, err)

@@ -277,8 +277,11 @@ func (r *writerRun) acquire(ctx context.Context, p int, epoch uint64) {
 	if p < 0 || p >= len(w.parts) {
 		return
 	}
-	heads, err := scanHeads(ctx, w.cfg.JetStream, r.kv, len(w.parts), func(q int) bool { return q == p },
-		w.cfg.WriteTimeout)
+	scan := scanHeads
+	if len(w.parts) <= scanRecordsUpTo {
+		scan = scanRecords
+	}
+	heads, err := scan(ctx, w.cfg.JetStream, r.kv, len(w.parts), func(q int) bool { return q == p }, w.cfg.WriteTimeout)
 	if err != nil {
 		w.log.Warn("busylist: cannot list the partition's records; claiming them as they are met", "partition", p, "err", err)
 	}
