@@ -134,6 +134,10 @@ func (r *writerRun) unhold(p int, why string) {
 	w := r.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.unholdLocked(p, why)
+}
+
+func (w *Writer) unholdLocked(p int, why string) {
 	if p < 0 || p >= len(w.parts) || !w.parts[p].holds {
 		return
 	}
@@ -450,14 +454,21 @@ func (r *writerRun) get(ctx context.Context, key string) (jetstream.KeyValueEntr
 	return e, err
 }
 
-// lose gives up partition p after finding a record with an epoch above
-// ours.
+// lose gives up partition p, held (or about to be) under epoch, after
+// finding a record with an epoch above it. It may run on a conflict's
+// goroutine: a partition held since under another epoch is left alone.
 func (r *writerRun) lose(p int, epoch uint64) {
 	w := r.w
+	w.mu.Lock()
+	if pt := w.parts[p]; pt.holds && pt.epoch != epoch {
+		w.mu.Unlock()
+		return // taken again since, under another epoch
+	}
+	w.unholdLocked(p, "higher epoch found")
+	w.mu.Unlock()
 	w.log.Warn("busylist: found a record with a higher epoch; no longer writing the partition",
 		"partition", p, "epoch", epoch)
 	w.metrics.fenced.Inc()
-	r.unhold(p, "higher epoch found")
 	if w.cfg.OnLost != nil {
 		w.cfg.OnLost(p)
 	}

@@ -265,64 +265,78 @@ func (w *Writer) progressLocked() {
 	}
 }
 
-// resolveConflicts reads the keys of partition p (every partition when p is
-// negative) whose last write failed its compare-and-set: the key holds
-// another revision than the one this writer last saw, a record or a delete
-// marker. One written under a higher epoch, or under this writer's epoch by
-// another monitor (two holders given one epoch, contract §10), means another
-// writer took the partition over: this one stops writing it. Otherwise (our
-// own write whose answer was lost, a record of an older epoch, a marker)
-// the revision found is adopted and the write retried: after the key's
-// backoff, or at once over a marker.
+// resolveConflicts starts reading the keys of partition p (every partition
+// when p is negative) whose last write failed its compare-and-set, each on
+// a goroutine of its own (resolve), so that a slow read holds up no other
+// key's writes. It never waits on NATS.
 func (r *writerRun) resolveConflicts(ctx context.Context, p int) {
 	w := r.w
 	w.mu.Lock()
 	var recs []*writerRecord
 	for _, rec := range w.recs {
-		if rec.conflict && !rec.writing && (p < 0 || rec.part == p) {
+		if rec.conflict && !rec.writing && !rec.resolving && (p < 0 || rec.part == p) {
+			rec.resolving = true
 			recs = append(recs, rec)
 		}
 	}
-	kv, stream := w.kv, w.stream
 	w.mu.Unlock()
 	for _, rec := range recs {
-		m, err := readLast(ctx, kv, stream, rec.key, w.cfg.WriteTimeout)
-		lost := -1
-		var lostEpoch uint64
-		w.mu.Lock()
-		now := time.Now()
-		switch {
-		case w.recs[rec.model] != rec:
-			// Dropped meanwhile.
-		case err != nil:
-			w.elog.Fail(fmt.Errorf("read after a conflict: %w", err), "model", rec.model)
+		r.resolvers.Go(func() { r.resolve(ctx, rec) })
+	}
+}
+
+// resolve reads a key whose last write failed its compare-and-set: it
+// holds another revision than the one this writer last saw, a record or a
+// delete marker. One written under a higher epoch, or under this writer's
+// epoch by another monitor (two holders given one epoch, contract §10),
+// means another writer took the partition over: this one stops writing it.
+// Otherwise (our own write whose answer was lost, a record of an older
+// epoch, a marker) the revision found is adopted and the write retried:
+// after the key's backoff, or at once over a marker.
+func (r *writerRun) resolve(ctx context.Context, rec *writerRecord) {
+	w := r.w
+	w.mu.Lock()
+	kv, stream := w.kv, w.stream
+	w.mu.Unlock()
+	m, err := readLast(ctx, kv, stream, rec.key, w.cfg.WriteTimeout)
+	lost := -1
+	var lostEpoch uint64
+	w.mu.Lock()
+	now := time.Now()
+	rec.resolving = false
+	switch {
+	case w.recs[rec.model] != rec:
+		// Dropped meanwhile.
+	case err != nil:
+		w.elog.Fail(fmt.Errorf("read after a conflict: %w", err), "model", rec.model)
+		rec.retryAt = now.Add(rec.bo.Next())
+	case m == nil:
+		rec.rev, rec.conflict = 0, false
+		if rec.del {
+			w.dropLocked(rec) // already gone
+		} else {
 			rec.retryAt = now.Add(rec.bo.Next())
-		case m == nil:
-			rec.rev, rec.conflict = 0, false
-			if rec.del {
-				w.dropLocked(rec) // already gone
-			} else {
-				rec.retryAt = now.Add(rec.bo.Next())
-			}
-		default:
-			rec.rev, rec.conflict = m.head.rev, false
-			pt := w.parts[rec.part]
-			switch {
-			case pt.holds && w.outranks(&m.head, pt.epoch):
-				lost, lostEpoch = rec.part, pt.epoch
-			case m.head.deleted && rec.del:
-				w.dropLocked(rec) // already gone
-			case m.head.deleted:
-				// Created over the marker, by compare-and-set on it.
-			default:
-				rec.retryAt = now.Add(rec.bo.Next())
-			}
 		}
-		w.mu.Unlock()
-		if lost >= 0 {
-			r.lose(lost, lostEpoch)
+	default:
+		rec.rev, rec.conflict = m.head.rev, false
+		pt := w.parts[rec.part]
+		switch {
+		case pt.holds && w.outranks(&m.head, pt.epoch):
+			lost, lostEpoch = rec.part, pt.epoch
+		case m.head.deleted && rec.del:
+			w.dropLocked(rec) // already gone
+		case m.head.deleted:
+			// Created over the marker, by compare-and-set on it.
+		default:
+			rec.retryAt = now.Add(rec.bo.Next())
 		}
 	}
+	w.progressLocked()
+	w.mu.Unlock()
+	if lost >= 0 {
+		r.lose(lost, lostEpoch)
+	}
+	w.signal()
 }
 
 // outranks reports whether a record or marker found in the bucket, h, was
