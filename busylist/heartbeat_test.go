@@ -32,7 +32,6 @@ func TestWriterHeartbeatsWhileAnotherPartitionIsTaken(t *testing.T) {
 
 	entered, unblock := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	t.Cleanup(func() { once.Do(func() { close(unblock) }) })
 	cfg := e.config()
 	cfg.Partitions, cfg.Leased, cfg.Heartbeat = parts, true, 100*time.Millisecond
 	cfg.OnExisting = func(recs []events.BusySet) {
@@ -42,6 +41,7 @@ func TestWriterHeartbeatsWhileAnotherPartitionIsTaken(t *testing.T) {
 		}
 	}
 	w := e.run(t, cfg)
+	t.Cleanup(func() { once.Do(func() { close(unblock) }) }) // before Run is waited for
 	if err := w.Acquire(t.Context(), 1, 2); err != nil {
 		t.Fatal(err)
 	}
