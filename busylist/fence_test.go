@@ -5,6 +5,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vmihailenco/msgpack/v5"
@@ -190,5 +191,32 @@ func TestWriterRefusesUsedEpoch(t *testing.T) {
 		if !f.gaveUp() {
 			t.Error("the partition was not given up")
 		}
+	})
+}
+
+// TestWriterEpochAboveMarkers: without leases, a writer's epoch is above
+// the delete markers' too: a monitor restarted after it deleted every
+// record still writes (its creates meet markers of its former epoch).
+func TestWriterEpochAboveMarkers(t *testing.T) {
+	t.Parallel()
+	e := newWriterEnv(t)
+	e.bucket(t, events.BusyBucket)
+	const model = "org/deleted-before"
+	m := nats.NewMsg("$KV." + events.BusyBucket + "." + events.ModelKey(model))
+	m.Header.Set("KV-Operation", "DEL")
+	m.Header.Set("Workermon-Epoch", "9")
+	m.Header.Set("Workermon-Monitor-Id", "test-monitor")
+	if _, err := e.js.PublishMsg(t.Context(), m); err != nil {
+		t.Fatal(err)
+	}
+	w := e.run(t, e.config())
+	if got := w.Epoch(); got != 10 {
+		t.Errorf("epoch %d, want 10", got)
+	}
+	w.Set(writerSet(model, nil, []uint64{1}))
+	kv := e.bucket(t, events.BusyBucket)
+	writerEventually(t, "the record created over the marker", func() bool {
+		rec, _, ok := writerGet(t, kv, model)
+		return ok && rec.Epoch == 10
 	})
 }

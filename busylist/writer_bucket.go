@@ -186,37 +186,38 @@ func writerOpenBucket(ctx context.Context, js jetstream.JetStream, bucket string
 }
 
 // scan reads the records in the bucket of partition p (every partition when
-// p < 0): their keys become orphans until set, and their highest epoch is
-// returned.
+// p < 0): their keys become orphans until set, and the highest epoch among
+// them and the delete markers (a later create must not find a marker of a
+// higher epoch) is returned. Each batch of the read, not the whole, is
+// bounded by WriteTimeout.
 func (r *writerRun) scan(ctx context.Context, p int) (n int, maxEpoch uint64, err error) {
 	w := r.w
-	sctx, cancel := context.WithTimeout(ctx, w.cfg.WriteTimeout)
-	defer cancel()
 	r.found = r.found[:0]
-	err = kvbucket.ReadAll(sctx, r.kv, func(e jetstream.KeyValueEntry) {
-		model, err := events.ParseModelKey(e.Key())
-		if err != nil {
-			w.log.Warn("busylist: ignoring a key that is not a model key", "key", e.Key(), "err", err)
-			return
+	heads, err := scanRecords(ctx, w.cfg.JetStream, r.kv, len(w.parts), func(q int) bool { return p < 0 || q == p },
+		w.cfg.WriteTimeout)
+	if err != nil {
+		return 0, 0, fmt.Errorf("busylist: read bucket %s: %w", w.cfg.Bucket, err)
+	}
+	for _, h := range heads {
+		if h.epochKnown {
+			maxEpoch = max(maxEpoch, h.epoch)
 		}
-		if p >= 0 && events.Partition(model, len(w.parts)) != p {
-			return
+		if h.deleted {
+			continue
 		}
-		if epoch, ok := r.epochOf(e); ok {
-			maxEpoch = max(maxEpoch, epoch)
+		if !h.epochKnown {
+			w.metrics.badRecords.Inc()
+			w.log.Warn("busylist: cannot read the epoch of a record", "key", h.key)
 		}
 		n++
-		if set, err := events.DecodeBusySet(e.Value()); err == nil && set.Model == model {
+		if set, err := events.DecodeBusySet(h.data); err == nil && set.Model == h.model {
 			r.found = append(r.found, set)
 		}
 		w.mu.Lock()
-		rec := w.recordLocked(model)
-		rec.rev, rec.orphan = e.Revision(), !rec.has
-		w.known[model] = struct{}{}
+		rec := w.recordLocked(h.model)
+		rec.rev, rec.orphan = h.rev, !rec.has
+		w.known[h.model] = struct{}{}
 		w.mu.Unlock()
-	})
-	if err != nil {
-		return 0, 0, fmt.Errorf("busylist: read bucket %s: %w", w.cfg.Bucket, err)
 	}
 	return n, maxEpoch, nil
 }
@@ -236,19 +237,6 @@ func (r *writerRun) learn(ctx context.Context) (int, error) {
 		}
 	}
 	return n, err
-}
-
-// epochOf returns the epoch of a record found in the bucket. Only the epoch
-// is decoded, leniently, so that a record this version cannot fully decode
-// still counts.
-func (r *writerRun) epochOf(e jetstream.KeyValueEntry) (uint64, bool) {
-	epoch, err := RecordEpoch(e.Value())
-	if err != nil {
-		r.w.metrics.badRecords.Inc()
-		r.w.log.Warn("busylist: cannot read the epoch of a record", "key", e.Key(), "err", err)
-		return 0, false
-	}
-	return epoch, true
 }
 
 // RecordEpoch decodes only the epoch of a busy-set record, leniently, so
