@@ -192,8 +192,17 @@ const writerClaimAttempts = 8
 // a backoff of its own key.
 //
 // Every write is a compare-and-set on the revision this Writer last saw for
-// the key, so a late write of a deposed writer fails. A write that finds a
-// record with a higher epoch stops the writing of its partition (OnLost).
+// the key (0 for a key it knows none of), so a late write of a deposed
+// writer fails; records and delete markers carry the writer's epoch in
+// headers, so that a create does not go over the marker of a later writer
+// (writer_ops.go). A write that finds a record or marker with a higher
+// epoch (or with leases its own epoch by another monitor) stops the
+// writing of its partition (OnLost).
+//
+// Run's goroutine runs the partition commands (Acquire, Release, Drop); a
+// goroutine of its own starts the heartbeats, retries and orphans' deletes,
+// and each conflict is read on a goroutine of its own: a partition's
+// takeover, release or conflict never holds up another's heartbeats.
 //
 // seq is one counter of the Writer shared by all keys: it increases with
 // every put of each key, not necessarily by one.
