@@ -279,9 +279,9 @@ type writerRecord struct {
 	// before the next (resolving while that read is in flight).
 	conflict  bool
 	resolving bool
-	retryAt  time.Time     // no write before (the backoff after a failure)
-	bo       retry.Backoff // of this key's failures
-	lastPut  time.Time     // start of the last successful put, monotonic
+	retryAt   time.Time     // no write before (the backoff after a failure)
+	bo        retry.Backoff // of this key's failures
+	lastPut   time.Time     // start of the last successful put, monotonic
 }
 
 // NewWriter checks cfg and returns a Writer, with its metrics registered.
@@ -497,10 +497,10 @@ type writerRun struct {
 	// resolvers are the conflicts' reads in flight (resolveConflicts); Run
 	// waits for them before it returns.
 	resolvers sync.WaitGroup
-	kv    jetstream.KeyValue // the bucket, for Run's own reads and claims
-	found []events.BusySet   // records read at start or claimed, for OnExisting
-	bo    retry.Backoff      // of opening the bucket
-	elog  *retry.ErrLog      // of opening the bucket
+	kv        jetstream.KeyValue // the bucket, for Run's own reads and claims
+	found     []events.BusySet   // records read at start or claimed, for OnExisting
+	bo        retry.Backoff      // of opening the bucket
+	elog      *retry.ErrLog      // of opening the bucket
 }
 
 // loop is Run's select loop once the bucket is open: the partition
