@@ -126,6 +126,7 @@ func TestWriterAcquireReadsOnlyItsPartition(t *testing.T) {
 		t.Fatal(err)
 	}
 	read := int(e.nc.Stats().InBytes - before)
+	t.Logf("read %d bytes to claim a partition of %d bytes (the bucket: %d)", read, mine, total)
 	if read > mine+total/8 {
 		t.Errorf("read %d bytes to claim a partition of %d bytes (the bucket: %d)", read, mine, total)
 	}

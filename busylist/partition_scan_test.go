@@ -90,6 +90,7 @@ func TestRecordEpochsReadsHeadersOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	read := nc.Stats().InBytes - before
+	t.Logf("read %d bytes for records of %d bytes in all", read, total)
 	want := make([]uint64, parts)
 	for i := range models {
 		epoch := uint64(i + 1)
