@@ -91,3 +91,46 @@ func TestWriterAcquireClaims(t *testing.T) {
 		})
 	}
 }
+
+// TestWriterAcquireReadsOnlyItsPartition: taking a partition over reads
+// the values of that partition's records only (the bucket's keys are
+// listed by their headers), so that its work is bounded by the partition,
+// not by the bucket.
+func TestWriterAcquireReadsOnlyItsPartition(t *testing.T) {
+	t.Parallel()
+	const parts, models, workers = 8, 64, 2000
+	e := newWriterEnv(t)
+	kv := e.bucket(t, events.BusyBucket)
+	total, mine := 0, 0
+	for i := range models {
+		rec := writerSet(fmt.Sprintf("org/big-%d", i), nil, nil)
+		for w := range workers {
+			rec.Free = append(rec.Free, uint64(i*workers+w))
+		}
+		rec.MonitorID, rec.Epoch, rec.Seq = "old-monitor", 1, 1
+		data, err := events.MarshalBusySet(&rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += len(data)
+		if events.Partition(rec.Model, parts) == 0 {
+			mine += len(data)
+		}
+		writerPut(t, kv, rec)
+	}
+	cfg := e.config()
+	cfg.Partitions, cfg.Leased, cfg.Warmup = parts, true, time.Hour
+	w := e.run(t, cfg)
+	before := e.nc.Stats().InBytes
+	if err := w.Acquire(t.Context(), 0, 2); err != nil {
+		t.Fatal(err)
+	}
+	read := int(e.nc.Stats().InBytes - before)
+	t.Logf("read %d bytes to claim a partition of %d bytes (the bucket: %d)", read, mine, total)
+	if read > mine+total/8 {
+		t.Errorf("read %d bytes to claim a partition of %d bytes (the bucket: %d)", read, mine, total)
+	}
+	if got := writerMetric(t, e.reg, "workermon_busy_writer_writes_total", "kind", "claim"); got == 0 {
+		t.Error("nothing claimed")
+	}
+}

@@ -605,23 +605,14 @@ func (l *Leaser) take(ctx context.Context, now time.Time, n int) {
 	}
 }
 
-// recordEpochs returns, for each partition, the highest epoch among its
-// records in the busy bucket.
+// recordEpochs returns, for each partition this monitor does not hold,
+// the highest epoch among its records and delete markers in the busy
+// bucket. Only the bucket's headers are listed (partitionEpochs); each
+// batch of the listing, not the whole, is bounded by the KV timeout, so a
+// large bucket or a slow server still gives an answer.
 func (l *Leaser) recordEpochs(ctx context.Context) ([]uint64, error) {
-	octx, cancel := context.WithTimeout(ctx, 3*l.opTimeout())
-	defer cancel()
-	top := make([]uint64, l.cfg.Partitions)
-	err := kvbucket.ReadAll(octx, l.busy, func(e jetstream.KeyValueEntry) {
-		model, err := events.ParseModelKey(e.Key())
-		if err != nil {
-			return
-		}
-		if epoch, err := RecordEpoch(e.Value()); err == nil {
-			p := events.Partition(model, l.cfg.Partitions)
-			top[p] = max(top[p], epoch)
-		}
-	})
-	return top, err
+	return partitionEpochs(ctx, l.cfg.JetStream, l.busy, l.cfg.Partitions,
+		func(p int) bool { return l.validUntil[p].Load() == 0 }, l.opTimeout())
 }
 
 // lose forgets a partition whose lease another monitor holds now.

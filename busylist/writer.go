@@ -85,9 +85,9 @@ type WriterConfig struct {
 	// record whether the partition may still be written (its lease was
 	// renewed within the TTL, contract §10 self-fencing).
 	Fence func(partition int) bool
-	// OnLost, when not nil, is called from Run when a write of a partition
-	// finds a record with a higher epoch: the Writer has stopped writing
-	// that partition.
+	// OnLost, when not nil, is called from Run, or from one of its
+	// goroutines, when a write of a partition finds a record with a higher
+	// epoch: the Writer has stopped writing that partition.
 	OnLost func(partition int)
 	// OnTaken, when not nil, is called from Run each time it has taken the
 	// records given by Set and Delete for writing; it must not block. The
@@ -192,8 +192,17 @@ const writerClaimAttempts = 8
 // a backoff of its own key.
 //
 // Every write is a compare-and-set on the revision this Writer last saw for
-// the key, so a late write of a deposed writer fails. A write that finds a
-// record with a higher epoch stops the writing of its partition (OnLost).
+// the key (0 for a key it knows none of), so a late write of a deposed
+// writer fails; records and delete markers carry the writer's epoch in
+// headers, so that a create does not go over the marker of a later writer
+// (writer_ops.go). A write that finds a record or marker with a higher
+// epoch (or with leases its own epoch by another monitor) stops the
+// writing of its partition (OnLost).
+//
+// Run's goroutine runs the partition commands (Acquire, Release, Drop); a
+// goroutine of its own starts the heartbeats, retries and orphans' deletes,
+// and each conflict is read on a goroutine of its own: a partition's
+// takeover, release or conflict never holds up another's heartbeats.
 //
 // seq is one counter of the Writer shared by all keys: it increases with
 // every put of each key, not necessarily by one.
@@ -221,6 +230,7 @@ type Writer struct {
 	inflight int                     // writes in flight
 	puts     map[*nats.Msg]*writerOp // asynchronous puts in flight
 	kv       jetstream.KeyValue      // nil until Run has opened the bucket
+	stream   jetstream.Stream        // the bucket's stream, for reading markers; nil for a mirror
 	pub      jetstream.JetStream     // the asynchronous puts'; nil: every write waits on a goroutine of its own
 	putPre   string                  // the subject of a key is putPre + key
 	held     bool                    // HoldUntil is not closed yet
@@ -265,12 +275,13 @@ type writerRecord struct {
 	changed bool           // content or delete not yet written
 	hbDue   bool           // a heartbeat re-put is due
 	writing bool           // a write is in flight
-	// conflict: the last write failed its compare-and-set; Run reads the
-	// key before the next.
-	conflict bool
-	retryAt  time.Time     // no write before (the backoff after a failure)
-	bo       retry.Backoff // of this key's failures
-	lastPut  time.Time     // start of the last successful put, monotonic
+	// conflict: the last write failed its compare-and-set; the key is read
+	// before the next (resolving while that read is in flight).
+	conflict  bool
+	resolving bool
+	retryAt   time.Time     // no write before (the backoff after a failure)
+	bo        retry.Backoff // of this key's failures
+	lastPut   time.Time     // start of the last successful put, monotonic
 }
 
 // NewWriter checks cfg and returns a Writer, with its metrics registered.
@@ -482,56 +493,85 @@ func (w *Writer) Run(ctx context.Context) error {
 
 // writerRun is the state of Run that only its goroutine touches.
 type writerRun struct {
-	w     *Writer
-	kv    jetstream.KeyValue // the bucket, for Run's own reads and claims
-	found []events.BusySet   // records read at start or claimed, for OnExisting
-	bo    retry.Backoff      // of opening the bucket
-	elog  *retry.ErrLog      // of opening the bucket
+	w *Writer
+	// resolvers are the conflicts' reads in flight (resolveConflicts); Run
+	// waits for them before it returns.
+	resolvers sync.WaitGroup
+	kv        jetstream.KeyValue // the bucket, for Run's own reads and claims
+	found     []events.BusySet   // records read at start or claimed, for OnExisting
+	bo        retry.Backoff      // of opening the bucket
+	elog      *retry.ErrLog      // of opening the bucket
 }
 
-// loop is Run's select loop once the bucket is open.
+// loop is Run's select loop once the bucket is open: the partition
+// commands (Acquire, Release, Drop) and HoldUntil. Writes are started by
+// the pump, on a goroutine of its own, and conflicts read on goroutines of
+// their own (resolveConflicts): a partition's claims, final writes or
+// conflicts never hold up the heartbeats of the others.
 func (r *writerRun) loop(ctx context.Context) {
 	w := r.w
-	tick := max(min(w.cfg.Heartbeat/4, 100*time.Millisecond), time.Millisecond)
-	hb := time.NewTicker(tick)
-	defer hb.Stop()
+	pctx, stopPump := context.WithCancel(ctx)
+	pumped := make(chan struct{})
+	go func() {
+		defer close(pumped)
+		r.pump(pctx)
+	}()
 	holdC := w.cfg.HoldUntil
-	retryT := time.NewTimer(time.Hour)
-	retryT.Stop()
-	defer retryT.Stop()
-	// What was given before the bucket was open.
-	retryAt := w.startAll(-1, false)
-	if !retryAt.IsZero() {
-		retryT.Reset(time.Until(retryAt))
-	}
 	for {
 		select {
 		case <-ctx.Done():
+			stopPump()
+			<-pumped
 			r.shutdown(ctx)
+			r.resolvers.Wait()
 			return
 		case fn := <-w.cmds:
 			fn(r)
-		case <-w.wake:
 		case <-holdC:
 			holdC = nil
 			w.mu.Lock()
 			w.held = false
 			w.mu.Unlock()
+		}
+		w.signal()
+	}
+}
+
+// pump starts the writes that are due until ctx is done: the heartbeats
+// (scanned every tick), the retries once a key's backoff is over, the
+// orphans' deletes, the conflicts' reads, and whatever Run's commands made
+// writable. It never waits on NATS.
+func (r *writerRun) pump(ctx context.Context) {
+	w := r.w
+	tick := max(min(w.cfg.Heartbeat/4, 100*time.Millisecond), time.Millisecond)
+	hb := time.NewTicker(tick)
+	defer hb.Stop()
+	retryT := time.NewTimer(time.Hour)
+	retryT.Stop()
+	defer retryT.Stop()
+	var retryAt time.Time
+	for {
+		// What was given before the bucket was open, at the first round.
+		r.resolveConflicts(ctx, -1)
+		if next := w.startAll(-1, false); !next.IsZero() && !next.Equal(retryAt) {
+			retryAt = next
+			retryT.Reset(time.Until(next))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.wake:
 		case now := <-hb.C:
 			r.heartbeats(now, w.cfg.Heartbeat-tick)
 			r.orphans(now)
 		case <-retryT.C:
 			retryAt = time.Time{}
 		}
-		r.resolveConflicts(ctx, -1)
-		if next := w.startAll(-1, false); !next.IsZero() && !next.Equal(retryAt) {
-			retryAt = next
-			retryT.Reset(time.Until(next))
-		}
 	}
 }
 
-// heartbeats marks for a re-put every record put more than due ago. With
+// heartbeats (on the pump's goroutine) marks for a re-put every record put
+// more than due ago. With
 // due = Heartbeat - tick, scanned every tick, no record goes longer than
 // Heartbeat without a put while writes succeed.
 func (r *writerRun) heartbeats(now time.Time, due time.Duration) {
@@ -548,7 +588,8 @@ func (r *writerRun) heartbeats(now time.Time, due time.Duration) {
 	}
 }
 
-// orphans, once OrphanAfter has passed since a partition was taken, marks
+// orphans (on the pump's goroutine), once OrphanAfter has passed since a
+// partition was taken, marks
 // for deletion the records found then for models never set since.
 func (r *writerRun) orphans(now time.Time) {
 	w := r.w
@@ -614,7 +655,7 @@ func (r *writerRun) settle(ctx context.Context, p int) int {
 				continue
 			}
 			switch {
-			case rec.writing:
+			case rec.writing || rec.resolving:
 				busy = true
 			case rec.changed && w.writableLocked(rec.part, now):
 				busy, left = true, left+1

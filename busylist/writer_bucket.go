@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -85,8 +86,16 @@ func (r *writerRun) opened(ctx context.Context) {
 			pub = nil
 		}
 	}
+	stream, err := bucketStream(ctx, w.cfg.JetStream, r.kv, w.cfg.WriteTimeout)
+	if err != nil {
+		// Markers are then read through the KV API, as absent.
+		w.log.Warn("busylist: cannot open the bucket's stream; writing through the KV API", "err", err)
+	}
+	if stream == nil {
+		pub = nil // the markers' epochs could not be read back
+	}
 	w.mu.Lock()
-	w.kv, w.pub, w.putPre = r.kv, pub, "$KV."+w.cfg.Bucket+"."
+	w.kv, w.pub, w.putPre, w.stream = r.kv, pub, "$KV."+w.cfg.Bucket+".", stream
 	w.mu.Unlock()
 }
 
@@ -125,6 +134,10 @@ func (r *writerRun) unhold(p int, why string) {
 	w := r.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.unholdLocked(p, why)
+}
+
+func (w *Writer) unholdLocked(p int, why string) {
 	if p < 0 || p >= len(w.parts) || !w.parts[p].holds {
 		return
 	}
@@ -173,69 +186,57 @@ func writerOpenBucket(ctx context.Context, js jetstream.JetStream, bucket string
 }
 
 // scan reads the records in the bucket of partition p (every partition when
-// p < 0): their keys become orphans until set, and their highest epoch is
-// returned.
+// p < 0): their keys become orphans until set, and the highest epoch among
+// them and the delete markers (a later create must not find a marker of a
+// higher epoch) is returned. Each batch of the read, not the whole, is
+// bounded by WriteTimeout.
 func (r *writerRun) scan(ctx context.Context, p int) (n int, maxEpoch uint64, err error) {
 	w := r.w
-	sctx, cancel := context.WithTimeout(ctx, w.cfg.WriteTimeout)
-	defer cancel()
 	r.found = r.found[:0]
-	err = kvbucket.ReadAll(sctx, r.kv, func(e jetstream.KeyValueEntry) {
-		model, err := events.ParseModelKey(e.Key())
-		if err != nil {
-			w.log.Warn("busylist: ignoring a key that is not a model key", "key", e.Key(), "err", err)
-			return
+	heads, err := scanRecords(ctx, w.cfg.JetStream, r.kv, len(w.parts), func(q int) bool { return p < 0 || q == p },
+		w.cfg.WriteTimeout)
+	if err != nil {
+		return 0, 0, fmt.Errorf("busylist: read bucket %s: %w", w.cfg.Bucket, err)
+	}
+	for _, h := range heads {
+		if h.epochKnown {
+			maxEpoch = max(maxEpoch, h.epoch)
 		}
-		if p >= 0 && events.Partition(model, len(w.parts)) != p {
-			return
+		if h.deleted {
+			continue
 		}
-		if epoch, ok := r.epochOf(e); ok {
-			maxEpoch = max(maxEpoch, epoch)
+		if !h.epochKnown {
+			w.metrics.badRecords.Inc()
+			w.log.Warn("busylist: cannot read the epoch of a record", "key", h.key)
 		}
 		n++
-		if set, err := events.DecodeBusySet(e.Value()); err == nil && set.Model == model {
+		if set, err := events.DecodeBusySet(h.data); err == nil && set.Model == h.model {
 			r.found = append(r.found, set)
 		}
 		w.mu.Lock()
-		rec := w.recordLocked(model)
-		rec.rev, rec.orphan = e.Revision(), !rec.has
-		w.known[model] = struct{}{}
+		rec := w.recordLocked(h.model)
+		rec.rev, rec.orphan = h.rev, !rec.has
+		w.known[h.model] = struct{}{}
 		w.mu.Unlock()
-	})
-	if err != nil {
-		return 0, 0, fmt.Errorf("busylist: read bucket %s: %w", w.cfg.Bucket, err)
 	}
 	return n, maxEpoch, nil
 }
 
-// learn adds the models with a record in the bucket to the known ones.
+// learn adds the models with a record in the bucket to the known ones. It
+// lists the bucket's headers only.
 func (r *writerRun) learn(ctx context.Context) (int, error) {
 	w := r.w
-	sctx, cancel := context.WithTimeout(ctx, w.cfg.WriteTimeout)
-	defer cancel()
+	heads, err := scanHeads(ctx, w.cfg.JetStream, r.kv, len(w.parts), nil, w.cfg.WriteTimeout)
 	n := 0
-	err := kvbucket.ReadAll(sctx, r.kv, func(e jetstream.KeyValueEntry) {
-		if model, err := events.ParseModelKey(e.Key()); err == nil {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, h := range heads {
+		if !h.deleted {
 			n++
-			w.mu.Lock()
-			w.known[model] = struct{}{}
-			w.mu.Unlock()
+			w.known[h.model] = struct{}{}
 		}
-	})
-	return n, err
-}
-
-// epochOf returns the epoch of a record found in the bucket. Only the epoch
-// is decoded, leniently, so that a record this version cannot fully decode
-// still counts.
-func (r *writerRun) epochOf(e jetstream.KeyValueEntry) (uint64, bool) {
-	epoch, err := RecordEpoch(e.Value())
-	if err != nil {
-		r.w.metrics.badRecords.Inc()
-		r.w.log.Warn("busylist: cannot read the epoch of a record", "key", e.Key(), "err", err)
-		return 0, false
 	}
-	return epoch, true
+	return n, err
 }
 
 // RecordEpoch decodes only the epoch of a busy-set record, leniently, so
@@ -253,57 +254,75 @@ func RecordEpoch(data []byte) (uint64, error) {
 // acquire claims partition p under epoch (contract §10, takeover): every
 // record of the partition is re-put as found, with this writer's monitor_id,
 // the new epoch, seq 1 and updated_at kept, by compare-and-set, retried with
-// the record as found again when the compare-and-set fails. From then on a
-// late put of the old writer fails. A claim that finds a higher epoch gives
-// the partition up. The partition is not written until its claims are done.
+// the record as found again when the compare-and-set fails. A record that
+// does not decode is re-put as it is, and a delete marker is put again,
+// both under this writer's epoch (headers mode). From then on a late write
+// of the old writer, put, delete or create, fails. A record or marker of an
+// epoch not below the claim's (a higher epoch: a later holder; the same:
+// the epoch given was read before another holder used it) gives the
+// partition up. The partition is not written until its claims are done.
+//
+// Only the headers of the bucket are listed, and the values of the
+// partition's records read: the work is the partition's, not the bucket's.
 func (r *writerRun) acquire(ctx context.Context, p int, epoch uint64) {
 	w := r.w
 	if p < 0 || p >= len(w.parts) {
 		return
 	}
-	if _, _, err := r.scan(ctx, p); err != nil {
-		w.log.Warn("busylist: cannot read the partition's records; claiming them as they are met", "partition", p, "err", err)
+	scan := scanHeads
+	if len(w.parts) <= scanRecordsUpTo {
+		scan = scanRecords
 	}
-	claimed := r.found
-	r.found = nil
+	heads, err := scan(ctx, w.cfg.JetStream, r.kv, len(w.parts), func(q int) bool { return q == p }, w.cfg.WriteTimeout)
+	if err != nil {
+		w.log.Warn("busylist: cannot list the partition's records; claiming them as they are met", "partition", p, "err", err)
+	}
+	for i := range heads {
+		if h := &heads[i]; h.epochKnown && h.epoch >= epoch {
+			w.log.Warn("busylist: the partition has a record of an epoch not below the lease's", "partition", p,
+				"model", h.model, "found", h.epoch, "by", h.monitor)
+			r.lose(p, epoch)
+			return
+		}
+	}
 	r.hold(p, epoch, true)
 	w.mu.Lock()
 	w.seq = max(w.seq, 1) // the claims write seq 1; later writes of the epoch follow
+	kv, stream, headers := w.kv, w.stream, w.pub != nil
 	w.mu.Unlock()
 	// The claims are in flight together (writerMaxInFlight at most), all
 	// within one WriteTimeout: this goroutine writes no other partition
 	// meanwhile. A record not claimed by then is written after the warm-up.
 	cctx, cancel := context.WithTimeout(ctx, w.cfg.WriteTimeout)
-	oks, errs := make([]bool, len(claimed)), make([]error, len(claimed))
-	slots := make(chan struct{}, writerMaxInFlight)
-	var wg sync.WaitGroup
-	for i, set := range claimed {
-		w.mu.Lock()
-		rec := w.recordLocked(set.Model)
-		w.mu.Unlock()
-		slots <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			if oks[i], errs[i] = r.claim(cctx, set, rec, epoch); !oks[i] {
-				cancel() // a higher epoch: the partition is given up
-			}
-		})
-	}
-	wg.Wait()
-	cancel()
+	var mu sync.Mutex
 	var kept []events.BusySet
 	var failed int
 	var failure error
-	for i, set := range claimed {
-		switch {
-		case !oks[i]:
-			r.lose(p, epoch)
-			return
-		case errs[i] != nil:
-			w.metrics.errors.WithLabelValues(writerKindClaim).Inc()
-			failed, failure = failed+1, cmp.Or(failure, fmt.Errorf("%s: %w", set.Model, errs[i]))
-		}
-		kept = append(kept, set)
+	higher := false
+	fetchEach(cctx, kv, stream, heads, func(h *keyHead) bool { return !h.deleted || headers }, w.cfg.WriteTimeout,
+		func(h *keyHead, m *rawRecord, err error) {
+			var set *events.BusySet
+			ok := true
+			if err == nil {
+				set, ok, err = r.claim(cctx, h, m, epoch)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case !ok:
+				higher = true
+				cancel() // the partition is given up
+			case err != nil:
+				w.metrics.errors.WithLabelValues(writerKindClaim).Inc()
+				failed, failure = failed+1, cmp.Or(failure, fmt.Errorf("%s: %w", h.model, err))
+			case set != nil:
+				kept = append(kept, *set)
+			}
+		})
+	cancel()
+	if higher {
+		r.lose(p, epoch)
+		return
 	}
 	if failed > 0 {
 		w.log.Warn("busylist: cannot claim records; they are written after the warm-up", "partition", p,
@@ -317,59 +336,99 @@ func (r *writerRun) acquire(ctx context.Context, p int, epoch uint64) {
 	r.existing()
 }
 
-// claim re-puts one record, whose state is rec, under the new epoch. It
-// reports false when a record with a higher epoch was found. Claims of
-// different records run together: it touches only rec. No other write of
-// rec's key runs meanwhile: its partition is claiming.
-func (r *writerRun) claim(ctx context.Context, set events.BusySet, rec *writerRecord, epoch uint64) (bool, error) {
+// claim re-puts under epoch the last message of one key of the partition,
+// m (nil: read it), listed as h: a record as found, with this writer's
+// monitor_id, seq 1 and updated_at kept (one that does not decode as it
+// is), a marker as a marker. It returns the record claimed (nil for a
+// marker, or a record that does not decode), and false when a record or
+// marker of a higher epoch, or of this epoch by another monitor, was found.
+// Claims of different keys run together: it touches only its key's state.
+// No other write of the key runs meanwhile: its partition is claiming.
+func (r *writerRun) claim(ctx context.Context, h *keyHead, m *rawRecord, epoch uint64) (*events.BusySet, bool, error) {
 	w := r.w
-	setRev := func(rev uint64) {
-		w.mu.Lock()
-		rec.rev = rev
-		w.mu.Unlock()
-	}
-	for range writerClaimAttempts {
-		if set.Epoch > epoch {
-			return false, nil // another writer's term is later than ours
+	w.mu.Lock()
+	kv, stream, headers := w.kv, w.stream, w.pub != nil
+	w.mu.Unlock()
+	for attempt := range writerClaimAttempts {
+		if m == nil && (attempt > 0 || !h.deleted) {
+			var err error
+			if m, err = readLast(ctx, kv, stream, h.key, w.cfg.WriteTimeout); err != nil {
+				return nil, true, err
+			}
+			if m == nil {
+				return nil, true, nil // purged meanwhile: nothing to claim
+			}
+		} else if m == nil {
+			m = &rawRecord{head: *h}
 		}
-		out := set
-		out.MonitorID, out.Epoch, out.Seq = w.cfg.MonitorID, epoch, 1
-		data, err := events.MarshalBusySet(&out)
-		if err != nil {
-			return true, err
+		if w.outranks(&m.head, epoch) || m.head.epochKnown && m.head.epoch > epoch {
+			return nil, false, nil // another writer's term is later than ours
 		}
-		w.mu.Lock()
-		last := rec.rev
-		w.mu.Unlock()
-		octx, cancel := context.WithTimeout(ctx, w.cfg.WriteTimeout)
-		rev, err := r.kv.Update(octx, rec.key, data, last)
-		cancel()
+		if m.head.deleted && !headers {
+			return nil, true, nil // a marker written through the KV API carries no epoch
+		}
+		var set *events.BusySet
+		data := m.data // a record that does not decode is claimed as it is
+		if !m.head.deleted {
+			if s, err := events.DecodeBusySet(m.data); err == nil && s.Model == h.model {
+				s.MonitorID, s.Epoch, s.Seq = w.cfg.MonitorID, epoch, 1
+				if data, err = events.MarshalBusySet(&s); err != nil {
+					return nil, true, err
+				}
+				set = &s
+			} else {
+				w.metrics.badRecords.Inc()
+				w.log.Warn("busylist: claiming a record that does not decode as it is", "model", h.model, "err", err)
+			}
+		}
+		rev, err := r.put(ctx, h.key, data, m.head.deleted, epoch, m.head.rev)
 		if err == nil {
-			setRev(rev)
+			w.mu.Lock()
+			if m.head.deleted {
+				if rec := w.recs[h.model]; rec != nil {
+					rec.rev = rev // a create goes over the claimed marker
+				}
+			} else {
+				rec := w.recordLocked(h.model)
+				rec.rev, rec.orphan = rev, !rec.has
+				w.known[h.model] = struct{}{}
+			}
+			w.mu.Unlock()
 			w.metrics.writes.WithLabelValues(writerKindClaim).Inc()
-			return true, nil
+			return set, true, nil
 		}
 		if !writerConflict(err) {
-			return true, err
+			return nil, true, err
 		}
-		// The record changed since it was read: claim it as it is now.
-		e, err := r.get(ctx, rec.key)
-		if err != nil {
-			return true, err
-		}
-		if e == nil {
-			setRev(0)
-			return true, nil // deleted meanwhile: nothing to claim
-		}
-		setRev(e.Revision())
-		if found, err := RecordEpoch(e.Value()); err == nil && found > epoch {
-			return false, nil
-		}
-		if set, err = events.DecodeBusySet(e.Value()); err != nil {
-			return true, err
-		}
+		m = nil // changed since it was read: claim it as it is now
 	}
-	return true, errors.New("busylist: claim: the record kept changing")
+	return nil, true, errors.New("busylist: claim: the record kept changing")
+}
+
+// put writes a record (or with del a delete marker) of key under epoch by
+// compare-and-set on rev, and waits for the answer: in headers mode a
+// publish with the writer's headers, else through the KV API (no marker
+// then).
+func (r *writerRun) put(ctx context.Context, key string, data []byte, del bool, epoch, rev uint64) (uint64, error) {
+	w := r.w
+	octx, cancel := context.WithTimeout(ctx, w.cfg.WriteTimeout)
+	defer cancel()
+	w.mu.Lock()
+	pub := w.pub
+	var msg *nats.Msg
+	if pub != nil {
+		msg = w.recordMsg(key, epoch, del)
+	}
+	w.mu.Unlock()
+	if pub == nil {
+		return r.kv.Update(octx, key, data, rev)
+	}
+	msg.Data = data
+	ack, err := pub.PublishMsg(octx, msg, jetstream.WithExpectLastSequencePerSubject(rev))
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
 }
 
 // get reads a key; nil when it has no record.
@@ -383,14 +442,21 @@ func (r *writerRun) get(ctx context.Context, key string) (jetstream.KeyValueEntr
 	return e, err
 }
 
-// lose gives up partition p after finding a record with an epoch above
-// ours.
+// lose gives up partition p, held (or about to be) under epoch, after
+// finding a record with an epoch above it. It may run on a conflict's
+// goroutine: a partition held since under another epoch is left alone.
 func (r *writerRun) lose(p int, epoch uint64) {
 	w := r.w
+	w.mu.Lock()
+	if pt := w.parts[p]; pt.holds && pt.epoch != epoch {
+		w.mu.Unlock()
+		return // taken again since, under another epoch
+	}
+	w.unholdLocked(p, "higher epoch found")
+	w.mu.Unlock()
 	w.log.Warn("busylist: found a record with a higher epoch; no longer writing the partition",
 		"partition", p, "epoch", epoch)
 	w.metrics.fenced.Inc()
-	r.unhold(p, "higher epoch found")
 	if w.cfg.OnLost != nil {
 		w.cfg.OnLost(p)
 	}

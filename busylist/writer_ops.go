@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -17,11 +18,20 @@ import (
 // (under Writer.mu), send encodes it and hands it to NATS (without the
 // lock, on the goroutine that started it: Set's or Delete's caller, a
 // completion, or Run), and complete applies its result and starts the next
-// write of the key when something was given meanwhile. A put of a key with a
-// known revision is an asynchronous publish whose answer comes back on the
-// connection's goroutine; a create, a delete, and every write where
-// asynchronous puts are not used (a JetStream domain or API prefix, a
-// mirrored bucket) waits on a goroutine of its own, bounded by WriteTimeout.
+// write of the key when something was given meanwhile.
+//
+// Where asynchronous puts are used (no JetStream domain or API prefix, no
+// mirrored bucket: "headers mode") every write, put or delete, is an
+// asynchronous publish whose answer comes back on the connection's
+// goroutine, and carries the writer's epoch and monitor id in headers
+// (headerEpoch, headerMonitor). A delete marker carries them too: a key
+// with no revision known is written with an expected last revision of 0,
+// which fails on a marker as on a record, and the writer then reads the
+// marker's epoch before it writes over it (resolve). So a writer of a lower
+// epoch cannot bring back a record that one of a higher epoch deleted
+// (contract §10: a record's epoch never decreases). Elsewhere every write
+// uses the KV API and waits on a goroutine of its own, bounded by
+// WriteTimeout; its markers carry no epoch.
 
 // writerOp is one KV operation on one key.
 type writerOp struct {
@@ -53,6 +63,7 @@ func (w *Writer) startLocked(rec *writerRecord, now time.Time, onlyChanged bool)
 		}
 		return nil
 	}
+	epoch := w.parts[rec.part].epoch
 	op := &writerOp{rec: rec, gen: rec.gen, rev: rec.rev, took: rec.pending}
 	if rec.del {
 		if rec.rev == 0 {
@@ -70,12 +81,12 @@ func (w *Writer) startLocked(rec *writerRecord, now time.Time, onlyChanged bool)
 		op.set.V = events.SchemaVersion
 		op.set.UpdatedAt = w.now().UnixNano()
 		op.set.MonitorID = w.cfg.MonitorID
-		op.set.Epoch = w.parts[rec.part].epoch
+		op.set.Epoch = epoch
 		op.set.Seq = w.seq
-		if op.rev != 0 && w.pub != nil {
-			op.msg = nats.NewMsg(w.putPre + rec.key)
-			w.puts[op.msg] = op
-		}
+	}
+	if w.pub != nil {
+		op.msg = w.recordMsg(rec.key, epoch, op.del)
+		w.puts[op.msg] = op
 	}
 	rec.writing, rec.hbDue, rec.pending = true, false, false
 	w.inflight++
@@ -141,8 +152,21 @@ func (w *Writer) send(op *writerOp) {
 	}
 }
 
-// wait does op and waits for its answer, bounded by WriteTimeout: a
-// create, a delete, or a put where asynchronous puts are not used. The
+// recordMsg is the message of a write of key under epoch in headers mode:
+// a put, or with del a delete marker.
+func (w *Writer) recordMsg(key string, epoch uint64, del bool) *nats.Msg {
+	m := nats.NewMsg(w.putPre + key)
+	m.Header.Set(headerEpoch, strconv.FormatUint(epoch, 10))
+	m.Header.Set(headerMonitor, w.cfg.MonitorID)
+	if del {
+		m.Header.Set(headerKVOp, "DEL")
+	}
+	return m
+}
+
+// wait does op and waits for its answer, bounded by WriteTimeout, where
+// asynchronous puts are not used (the KV API: its create goes over a
+// delete marker whatever wrote it). The
 // goroutine it runs on ends with the operation; Run waits for it before it
 // returns.
 func (w *Writer) wait(op *writerOp, data []byte) {
@@ -206,7 +230,9 @@ func (w *Writer) complete(op *writerOp, rev uint64, err error) {
 		case rec.del && rec.gen == op.gen && w.recs[rec.model] == rec:
 			w.dropLocked(rec)
 		default:
-			rec.rev = 0 // deleted; set again since: created again
+			// Deleted; set again since: created over the marker (its
+			// revision; 0 through the KV API, which creates).
+			rec.rev = rev
 		}
 	} else {
 		w.metrics.errors.WithLabelValues(op.kind).Inc()
@@ -239,55 +265,89 @@ func (w *Writer) progressLocked() {
 	}
 }
 
-// resolveConflicts reads the keys of partition p (every partition when p is
-// negative) whose last write failed its compare-and-set: the key holds
-// another revision than the one this writer last saw. A record with a
-// higher epoch means another writer took the partition over; otherwise (our
-// own write whose answer was lost, or a record deleted meanwhile) the
-// revision found is adopted and the write retried after the key's backoff.
+// resolveConflicts starts reading the keys of partition p (every partition
+// when p is negative) whose last write failed its compare-and-set, each on
+// a goroutine of its own (resolve), so that a slow read holds up no other
+// key's writes. It never waits on NATS.
 func (r *writerRun) resolveConflicts(ctx context.Context, p int) {
 	w := r.w
 	w.mu.Lock()
 	var recs []*writerRecord
 	for _, rec := range w.recs {
-		if rec.conflict && !rec.writing && (p < 0 || rec.part == p) {
+		if rec.conflict && !rec.writing && !rec.resolving && (p < 0 || rec.part == p) {
+			rec.resolving = true
 			recs = append(recs, rec)
 		}
 	}
 	w.mu.Unlock()
 	for _, rec := range recs {
-		e, err := r.get(ctx, rec.key)
-		lost := -1
-		var lostEpoch uint64
-		w.mu.Lock()
-		now := time.Now()
-		switch {
-		case w.recs[rec.model] != rec:
-			// Dropped meanwhile.
-		case err != nil:
-			w.elog.Fail(fmt.Errorf("read after a conflict: %w", err), "model", rec.model)
+		r.resolvers.Go(func() { r.resolve(ctx, rec) })
+	}
+}
+
+// resolve reads a key whose last write failed its compare-and-set: it
+// holds another revision than the one this writer last saw, a record or a
+// delete marker. One written under a higher epoch, or under this writer's
+// epoch by another monitor (two holders given one epoch, contract §10),
+// means another writer took the partition over: this one stops writing it.
+// Otherwise (our own write whose answer was lost, a record of an older
+// epoch, a marker) the revision found is adopted and the write retried:
+// after the key's backoff, or at once over a marker.
+func (r *writerRun) resolve(ctx context.Context, rec *writerRecord) {
+	w := r.w
+	w.mu.Lock()
+	kv, stream := w.kv, w.stream
+	w.mu.Unlock()
+	m, err := readLast(ctx, kv, stream, rec.key, w.cfg.WriteTimeout)
+	lost := -1
+	var lostEpoch uint64
+	w.mu.Lock()
+	now := time.Now()
+	rec.resolving = false
+	switch {
+	case w.recs[rec.model] != rec:
+		// Dropped meanwhile.
+	case err != nil:
+		w.elog.Fail(fmt.Errorf("read after a conflict: %w", err), "model", rec.model)
+		rec.retryAt = now.Add(rec.bo.Next())
+	case m == nil:
+		rec.rev, rec.conflict = 0, false
+		if rec.del {
+			w.dropLocked(rec) // already gone
+		} else {
 			rec.retryAt = now.Add(rec.bo.Next())
-		case e == nil:
-			rec.rev, rec.conflict = 0, false
-			if rec.del {
-				w.dropLocked(rec) // already gone
-			} else {
-				rec.retryAt = now.Add(rec.bo.Next())
-			}
-		default:
-			rec.rev, rec.conflict = e.Revision(), false
-			pt := w.parts[rec.part]
-			if epoch, err := RecordEpoch(e.Value()); err == nil && pt.holds && epoch > pt.epoch {
-				lost, lostEpoch = rec.part, pt.epoch
-			} else {
-				rec.retryAt = now.Add(rec.bo.Next())
-			}
 		}
-		w.mu.Unlock()
-		if lost >= 0 {
-			r.lose(lost, lostEpoch)
+	default:
+		rec.rev, rec.conflict = m.head.rev, false
+		pt := w.parts[rec.part]
+		switch {
+		case pt.holds && w.outranks(&m.head, pt.epoch):
+			lost, lostEpoch = rec.part, pt.epoch
+		case m.head.deleted && rec.del:
+			w.dropLocked(rec) // already gone
+		case m.head.deleted:
+			// Created over the marker, by compare-and-set on it.
+		default:
+			rec.retryAt = now.Add(rec.bo.Next())
 		}
 	}
+	w.progressLocked()
+	w.mu.Unlock()
+	if lost >= 0 {
+		r.lose(lost, lostEpoch)
+	}
+	w.signal()
+}
+
+// outranks reports whether a record or marker found in the bucket, h, was
+// written by a writer that the one holding a partition under epoch must
+// give way to: a higher epoch, or with leases the same epoch and another
+// monitor id (two holders given one epoch: the second stops, contract §10).
+func (w *Writer) outranks(h *keyHead, epoch uint64) bool {
+	if !h.epochKnown {
+		return false
+	}
+	return h.epoch > epoch || w.cfg.Leased && h.epoch == epoch && h.monitor != "" && h.monitor != w.cfg.MonitorID
 }
 
 // markChangedLocked notes that rec has something to write.

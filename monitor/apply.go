@@ -2,6 +2,8 @@ package monitor
 
 import (
 	"container/heap"
+	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -21,6 +23,7 @@ const (
 	rejectWorkers      = "too_many_workers"
 	rejectSources      = "too_many_sources"
 	rejectRanks        = "too_many_ranks"
+	rejectPartition    = "wrong_partition"
 )
 
 // rejectLogEvery limits how often rejections are logged.
@@ -43,6 +46,10 @@ type state struct {
 
 	lastRejectLog time.Time
 	rejectsSince  int
+	// The reports on a mapped subject of another partition, logged apart
+	// at the same limited rate: they mean a misconfigured NATS server.
+	lastPartLog time.Time
+	partSince   int
 }
 
 func newState(cfg Config, sink Sink, m *metrics, log *slog.Logger) *state {
@@ -67,7 +74,10 @@ func newState(cfg Config, sink Sink, m *metrics, log *slog.Logger) *state {
 // only when it is new for the rank. Any other message, and a load report
 // that does not decode, takes the full path, so every error is reported as
 // it would be there.
-func decodeMessage(prefix string, dec *events.Decoder, subject string, data []byte) message {
+//
+// With parts > 0, a subject of the mapped form whose partition is not the
+// model key's among parts is an error matching ErrWrongPartition.
+func decodeMessage(prefix string, parts int, dec *events.Decoder, subject string, data []byte) message {
 	msg := message{subject: subject}
 	if isLoadSubject(prefix, subject) {
 		if r, err := dec.LoadReport(data); err == nil {
@@ -77,6 +87,10 @@ func decodeMessage(prefix string, dec *events.Decoder, subject string, data []by
 	}
 	subj, err := events.ParseSubject(prefix, subject)
 	if err != nil {
+		msg.err = err
+		return msg
+	}
+	if err := checkPartition(subj, parts); err != nil {
 		msg.err = err
 		return msg
 	}
@@ -129,13 +143,39 @@ func (s *state) checkSubject(r *events.LoadReport, subject string, src *sourceSt
 	if err != nil {
 		return err
 	}
+	if err := checkPartition(subj, s.cfg.Partitions); err != nil {
+		return err
+	}
 	return r.Match(subj)
+}
+
+// checkPartition checks that a mapped subject's partition is its model
+// key's among parts (contract §10); parts 0 checks nothing. A mismatch
+// means a NATS server maps with another partition count: its reports
+// reach a monitor that does not own their models.
+func checkPartition(subj events.Subject, parts int) error {
+	if !subj.Mapped || parts == 0 {
+		return nil
+	}
+	if want := events.PartitionOfKey(subj.ModelKey, parts); subj.Partition != want {
+		return fmt.Errorf("monitor: partition %d in the subject, %d of %d for model key %q: %w",
+			subj.Partition, want, parts, subj.ModelKey, ErrWrongPartition)
+	}
+	return nil
+}
+
+// rejectReason is the rejection label of a parse, decode or check error.
+func rejectReason(err error) string {
+	if errors.Is(err, ErrWrongPartition) {
+		return rejectPartition
+	}
+	return events.Reason(err)
 }
 
 // handle applies one decoded message, or rejects it.
 func (s *state) handle(msg *message, now time.Time) {
 	if msg.err != nil {
-		s.reject(events.Reason(msg.err), msg.subject, msg.err)
+		s.reject(rejectReason(msg.err), msg.subject, msg.err)
 		return
 	}
 	switch msg.kind {
@@ -158,6 +198,16 @@ func (s *state) handle(msg *message, now time.Time) {
 // reject counts a rejected message and logs at a limited rate.
 func (s *state) reject(reason, subject string, err error) {
 	s.metrics.rejected.WithLabelValues(reason).Inc()
+	if reason == rejectPartition {
+		// Logged apart, so that other rejections do not hide it.
+		s.partSince++
+		if now := time.Now(); now.Sub(s.lastPartLog) >= rejectLogEvery {
+			s.log.Error("report on a subject mapped with another partition count: a NATS server's mapping does not match --partitions (workermon nats-config)",
+				"subject", subject, "partitions", s.cfg.Partitions, "err", err, "since_last_log", s.partSince)
+			s.lastPartLog, s.partSince = now, 0
+		}
+		return
+	}
 	s.rejectsSince++
 	if now := time.Now(); now.Sub(s.lastRejectLog) >= rejectLogEvery {
 		s.log.Warn("message rejected", "reason", reason, "subject", subject, "err", err,
@@ -182,7 +232,7 @@ func (s *state) applyReport(r *events.LoadReport, subject string, unchecked bool
 	}
 	if unchecked {
 		if err := s.checkSubject(r, subject, src); err != nil {
-			return events.Reason(err), err
+			return rejectReason(err), err
 		}
 	}
 	if r.DPSize > uint32(s.cfg.MaxRanksPerWorker) {

@@ -95,7 +95,7 @@ func benchReport(b *testing.B, workers int, mode string) {
 	}
 	// handle is what the loop does to one message.
 	handle := func(r raw) {
-		msg := decodeMessage(events.DefaultSubjectPrefix, dec, r.subject, r.data)
+		msg := decodeMessage(events.DefaultSubjectPrefix, 0, dec, r.subject, r.data)
 		s.handle(&msg, now)
 	}
 	for w := range uint64(workers) {

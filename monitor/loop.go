@@ -32,7 +32,7 @@ func RunFrom[T any](ctx context.Context, m *Monitor, src Source[T]) error {
 	dec := events.NewDecoder()
 	apply := func(t T, now time.Time) {
 		subject, data := src.Open(t)
-		msg := decodeMessage(m.cfg.SubjectPrefix, dec, subject, data)
+		msg := decodeMessage(m.cfg.SubjectPrefix, m.cfg.Partitions, dec, subject, data)
 		s.handle(&msg, now)
 	}
 	// drain applies what is queued behind the message that woke the loop,

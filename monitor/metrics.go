@@ -28,7 +28,7 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 		}, []string{"kind"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "workermon_reports_rejected_total",
-			Help: "Messages rejected, by reason (malformed, wrong_type, mismatch, duplicate, too_many_workers, ...).",
+			Help: "Messages rejected, by reason (malformed, wrong_type, mismatch, duplicate, too_many_workers, wrong_partition, ...).",
 		}, []string{"reason"}),
 		allBusyChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "workermon_all_busy_changes_total",

@@ -56,6 +56,10 @@ var (
 	ErrInvalidConfig = errors.New("invalid monitor config")
 	ErrStopped       = errors.New("monitor stopped")
 	ErrRunning       = errors.New("monitor already running")
+	// ErrWrongPartition: a report arrived on a mapped subject
+	// (<prefix>.part.<p>...) whose p is not its model's partition among
+	// Config.Partitions: a NATS server maps with another partition count.
+	ErrWrongPartition = errors.New("subject's partition is not the model's")
 )
 
 // Config configures a Monitor.
@@ -83,7 +87,13 @@ type Config struct {
 	// hard when a check holds at c × its threshold, the decode check capped
 	// at the whole cache. 1 puts hard at busy: every busy worker is hard.
 	CriticalFraction float64
-	Logger           *slog.Logger
+	// Partitions is the partition count P of the deployment (contract §10),
+	// 0 when the subjects are not checked against one. A report or goodbye
+	// on a mapped subject, <prefix>.part.<p>..., whose p is not its model's
+	// partition among P came through a NATS server mapped with another P:
+	// it is rejected (reason wrong_partition) and logged at most every 10 s.
+	Partitions int
+	Logger     *slog.Logger
 	// Registerer receives the monitor's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 }
@@ -123,6 +133,9 @@ func (c Config) Validate() error {
 	}
 	if c.GoneAfter < c.StaleAfter {
 		errs = append(errs, fmt.Errorf("gone-after %v must be at least stale-after %v", c.GoneAfter, c.StaleAfter))
+	}
+	if c.Partitions < 0 {
+		errs = append(errs, fmt.Errorf("partitions %d must not be negative", c.Partitions))
 	}
 	if !(c.ReleaseMargin >= 0 && c.ReleaseMargin < 1) {
 		errs = append(errs, fmt.Errorf("release-margin %v must be in [0, 1)", c.ReleaseMargin))
@@ -239,7 +252,7 @@ func (m *Monitor) Kick() {
 // monitor has stopped. data is not kept. Safe for concurrent use.
 func (m *Monitor) Submit(subject string, data []byte) {
 	dec := m.decoders.Get().(*events.Decoder)
-	msg := decodeMessage(m.cfg.SubjectPrefix, dec, subject, data)
+	msg := decodeMessage(m.cfg.SubjectPrefix, m.cfg.Partitions, dec, subject, data)
 	m.decoders.Put(dec)
 	select {
 	case m.in <- msg:

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/syncbuf"
 )
 
 // fakeSink remembers the last record of each model and every call.
@@ -1000,7 +1001,7 @@ func TestSteadyReportAllocatesNothing(t *testing.T) { // not parallel: AllocsPer
 			}
 			i := 0
 			handle := func() {
-				msg := decodeMessage(events.DefaultSubjectPrefix, dec, subject, msgs[i])
+				msg := decodeMessage(events.DefaultSubjectPrefix, 0, dec, subject, msgs[i])
 				i++
 				s.handle(&msg, now)
 				s.flush()
@@ -1017,4 +1018,54 @@ func TestSteadyReportAllocatesNothing(t *testing.T) { // not parallel: AllocsPer
 			}
 		})
 	}
+}
+
+// TestWrongPartition: with --partitions P, a report or goodbye on a mapped
+// subject whose partition is not its model's among P came through a NATS
+// server mapped with another P (contract §10). It is rejected and counted
+// (wrong_partition), and logged at most every 10 s; reports on the right
+// partition are applied.
+func TestWrongPartition(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const parts = 8
+		var logs syncbuf.Buffer
+		h := startHarness(t, func(c *Config) {
+			c.Partitions = parts
+			c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		})
+		key := events.ModelKey(testModel)
+		p := events.PartitionOfKey(key, parts)
+		subject := func(p int, worker uint64) string {
+			return fmt.Sprintf("workermon.part.%d.load.%s.%d.0", p, key, worker)
+		}
+		good := h.report(1, 0, 10, 100)
+		b, _ := events.MarshalLoadReport(&good)
+		h.raw(subject(p, 1), b)
+		h.expect(nil, []uint64{1}, nil)
+
+		// Another P's partition: rejected, the record unchanged.
+		wrong := (p + 1) % parts
+		for range 3 {
+			r := h.report(2, 0, 90, 100)
+			b, _ = events.MarshalLoadReport(&r)
+			h.raw(subject(wrong, 2), b)
+		}
+		bye, _ := events.MarshalGoodbye(&events.Goodbye{Model: testModel, WorkerID: 1, Source: events.SourceEngine,
+			BootID: 1, SentAt: time.Now().UnixNano()})
+		h.raw(fmt.Sprintf("workermon.part.%d.bye.%s.1", wrong, key), bye)
+		if got := h.rejected("wrong_partition"); got != 4 {
+			t.Errorf("rejected{wrong_partition} = %v, want 4", got)
+		}
+		h.expect(nil, []uint64{1}, nil)
+		if n := strings.Count(logs.String(), "mapped with another partition count"); n != 1 {
+			t.Errorf("logged %d times within 10 s, want once:\n%s", n, logs.String())
+		}
+		time.Sleep(11 * time.Second) // the bubble's clock
+		r := h.report(2, 0, 90, 100)
+		b, _ = events.MarshalLoadReport(&r)
+		h.raw(subject(wrong, 2), b)
+		if n := strings.Count(logs.String(), "mapped with another partition count"); n != 2 {
+			t.Errorf("logged %d times after 10 s, want twice", n)
+		}
+	})
 }

@@ -164,6 +164,7 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 	}
 	o.monitor.Logger = log.With("component", "monitor")
 	o.monitor.Registerer = reg
+	o.monitor.Partitions = o.partitions // mapped subjects are checked against it
 	if svc.mon, err = monitor.New(o.monitor, svc.writer); err != nil {
 		return nil, err
 	}
