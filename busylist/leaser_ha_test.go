@@ -349,3 +349,48 @@ func TestLeaserTwinStandsDown(t *testing.T) {
 		t.Errorf("the replacement holds %v, valid %v %v", repl.Held(), repl.Valid(0), repl.Valid(1))
 	}
 }
+
+// TestWriterWarmsUpFromListening: with WarmOnListen a partition taken and
+// claimed is not written until Listening says its intake is in place, even
+// with no warm-up at all; from then on it is.
+func TestWriterWarmsUpFromListening(t *testing.T) {
+	t.Parallel()
+	env := watchTestStart(t)
+	kv := env.bucket(t, events.BusyBucket)
+	cfg := DefaultWriterConfig()
+	cfg.JetStream, cfg.MonitorID, cfg.Partitions = env.js, "mon-listen", 1
+	cfg.Leased, cfg.WarmOnListen, cfg.Warmup = true, true, 0
+	w, err := NewWriter(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.Go(t, 10*time.Second, w.Run)
+	if err := w.Acquire(t.Context(), 0, 3); err != nil {
+		t.Fatal(err)
+	}
+	const model = "org/listen"
+	w.Set(events.BusySet{Model: model, Busy: []uint64{}, Free: []uint64{1}, Stale: []uint64{}})
+	// A round of Run's loop (which starts what may be written) after the
+	// Set.
+	if err := w.do(t.Context(), func(*writerRun) {}); err != nil {
+		t.Fatal(err)
+	}
+	w.mu.Lock()
+	rec := w.recs[model]
+	started := rec == nil || rec.writing || rec.rev != 0
+	w.mu.Unlock()
+	if started {
+		t.Fatal("a partition nobody listens to yet was written")
+	}
+	if err := w.Listening(t.Context(), 0); err != nil {
+		t.Fatal(err)
+	}
+	natstest.WaitFor(t, 10*time.Second, "the record written once the partition is heard", func() bool {
+		e, err := kv.Get(t.Context(), events.ModelKey(model))
+		if err != nil {
+			return false
+		}
+		set, err := events.DecodeBusySet(e.Value())
+		return err == nil && set.Epoch == 3
+	})
+}
