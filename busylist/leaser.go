@@ -1020,8 +1020,10 @@ func (l *Leaser) stopWriting(p int) bool {
 // release gives partition p back on its own goroutine: its final write
 // (OnRelease, once its OnAcquire has returned; the lease is renewed
 // meanwhile), then a compare-and-set delete of its lease. It reports false
-// when p is not held or already being released.
+// when p is not held or already being released. A shutdown meanwhile does
+// not cut the release short (OnRelease bounds its final write).
 func (l *Leaser) release(ctx context.Context, p int) bool {
+	ctx = context.WithoutCancel(ctx)
 	l.hmu.Lock()
 	h := l.held[p]
 	if h == nil || h.releasing || h.stopped {
