@@ -81,9 +81,14 @@ type leaseBook struct {
 	// that does not meet them, and by sweep once the bucket's max age has
 	// passed since they were seen.
 	foreign map[string]*leaseSeen
-	// dupe is the instance of another process that announced this
+	// dupe is the announce of another process that announced this
 	// monitor's id since the last takeDupe, seen live (not in a full sync).
-	dupe string
+	dupe *Announce
+	// top is the highest lease epoch ever observed for each partition,
+	// kept when its key goes: a lease re-created after its key disappeared
+	// (the bucket's max age passed during an outage, a purge, a recreated
+	// bucket) still gets a higher epoch than any before it.
+	top map[int]uint64
 	// syncing is true between a reset and the publish that ends it.
 	syncing bool
 }
@@ -91,7 +96,7 @@ type leaseBook struct {
 func newLeaseBook(parts int, self, instance string) *leaseBook {
 	return &leaseBook{parts: parts, self: self, instance: instance,
 		leases: make(map[int]*leaseSeen), monitors: make(map[string]*leaseSeen),
-		foreign: make(map[string]*leaseSeen)}
+		foreign: make(map[string]*leaseSeen), top: make(map[int]uint64)}
 }
 
 // reset begins a full sync: keys not met before the next publish are gone.
@@ -137,12 +142,22 @@ func (b *leaseBook) foreignKey() string {
 	return slices.Min(slices.Collect(maps.Keys(b.foreign)))
 }
 
-// takeDupe returns the instance of another process seen announcing this
-// monitor's id since the last call ("" when none), and forgets it.
-func (b *leaseBook) takeDupe() string {
+// takeDupe returns the announce of another process seen announcing this
+// monitor's id since the last call (nil when none), and forgets it.
+func (b *leaseBook) takeDupe() *Announce {
 	d := b.dupe
-	b.dupe = ""
+	b.dupe = nil
 	return d
+}
+
+// forget drops partition p's lease as observed at revision rev: its key is
+// known to be gone (read back as not found) although no delete was seen, as
+// when the bucket's max age removed it during an outage. A later revision
+// seen meanwhile is kept.
+func (b *leaseBook) forget(p int, rev uint64) {
+	if s := b.leases[p]; s != nil && s.rev <= rev {
+		delete(b.leases, p)
+	}
 }
 
 // apply records one entry of the bucket seen at now. An entry whose revision
@@ -167,7 +182,7 @@ func (b *leaseBook) apply(e jetstream.KeyValueEntry, now time.Time) error {
 			// in a full sync may be a dead process's last one, and is not
 			// counted.
 			if id == b.self && a.Instance != b.instance && !b.syncing {
-				b.dupe = a.Instance
+				b.dupe = &a
 			}
 			s = &leaseSeen{rev: e.Revision(), seen: now, ann: a}
 			b.monitors[id] = s
@@ -207,6 +222,7 @@ func (b *leaseBook) apply(e jetstream.KeyValueEntry, now time.Time) error {
 		b.leases[p] = s
 	}
 	s.mark = true
+	b.top[p] = max(b.top[p], v.Epoch)
 	return nil
 }
 
@@ -224,8 +240,9 @@ func (b *leaseBook) live(now time.Time, ttl time.Duration) int {
 
 // free returns the partitions that may be taken at now: those without a
 // lease, then those whose lease has not changed for ttl, each with the
-// revision a compare-and-set must name (0: create) and the expired lease's
-// epoch. held are this monitor's partitions.
+// revision a compare-and-set must name (0: create) and the highest lease
+// epoch observed for it (the expired lease's, or an earlier one's when its
+// key went). held are the partitions not to take (this monitor's).
 func (b *leaseBook) free(now time.Time, ttl time.Duration, held func(int) bool) []leaseCandidate {
 	var absent, expired []leaseCandidate
 	for p := range b.parts {
@@ -235,9 +252,9 @@ func (b *leaseBook) free(now time.Time, ttl time.Duration, held func(int) bool) 
 		s := b.leases[p]
 		switch {
 		case s == nil:
-			absent = append(absent, leaseCandidate{p: p})
+			absent = append(absent, leaseCandidate{p: p, epoch: b.top[p]})
 		case now.Sub(s.seen) >= ttl:
-			expired = append(expired, leaseCandidate{p: p, rev: s.rev, epoch: s.lease.Epoch})
+			expired = append(expired, leaseCandidate{p: p, rev: s.rev, epoch: max(s.lease.Epoch, b.top[p])})
 		}
 	}
 	return slices.Concat(absent, expired)
@@ -247,7 +264,7 @@ func (b *leaseBook) free(now time.Time, ttl time.Duration, held func(int) bool) 
 type leaseCandidate struct {
 	p     int
 	rev   uint64 // 0: no key, create it
-	epoch uint64 // of the expired lease
+	epoch uint64 // highest lease epoch observed for the partition
 }
 
 // fairShare is the most partitions one of live monitors takes.

@@ -81,6 +81,11 @@ type WriterConfig struct {
 	// false, the Writer holds every partition from the start, under 1 + the
 	// highest epoch found in the bucket (contract §6).
 	Leased bool
+	// WarmOnListen, with Leased, starts a partition's warm-up only when
+	// Listening says that its intake is in place (after the claims), not
+	// when Acquire takes it: claims or a subscription that take long do
+	// not eat into the warm-up. Until then the partition is not written.
+	WarmOnListen bool
 	// Fence, when not nil, is asked before every write of a partition's
 	// record whether the partition may still be written (its lease was
 	// renewed within the TTL, contract §10 self-fencing).
@@ -256,6 +261,7 @@ type writerPart struct {
 	epoch     uint64
 	warmUntil time.Time // monotonic: no write before
 	warm      bool      // the warm-up is over (and logged)
+	heard     bool      // with WarmOnListen: Listening was called, warmUntil counts from it
 	orphansAt time.Time // monotonic: when the records found and never set are deleted
 	orphaned  bool
 }
@@ -375,7 +381,8 @@ func (w *Writer) Pending(model string) bool {
 		return false
 	}
 	pt := &w.parts[rec.part]
-	return pt.holds && !pt.claiming && !w.held && !w.stopped && !time.Now().Before(pt.warmUntil)
+	return pt.holds && !pt.claiming && !w.held && !w.stopped && !time.Now().Before(pt.warmUntil) &&
+		(pt.heard || !w.cfg.WarmOnListen)
 }
 
 // Delete records that a model is gone: its key is deleted. It never blocks.
@@ -450,6 +457,22 @@ func (w *Writer) Release(ctx context.Context, p int) error {
 // is lost). It returns when done, or with ctx's error, or ErrWriterStopped.
 func (w *Writer) Drop(ctx context.Context, p int) error {
 	return w.do(ctx, func(r *writerRun) { r.unhold(p, "dropped") })
+}
+
+// Listening starts partition p's warm-up now, with WarmOnListen: its
+// records are claimed and its intake is in place, so the view built from
+// now on is complete once the warm-up is over. It does nothing for a
+// partition not held. It returns when done, or with ctx's error, or
+// ErrWriterStopped.
+func (w *Writer) Listening(ctx context.Context, p int) error {
+	return w.do(ctx, func(*writerRun) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if p >= 0 && p < len(w.parts) && w.parts[p].holds && !w.parts[p].heard {
+			w.parts[p].heard = true
+			w.parts[p].warmUntil = time.Now().Add(w.cfg.Warmup)
+		}
+	})
 }
 
 // do runs fn on Run's goroutine and waits for it.
@@ -720,7 +743,7 @@ func (r *writerRun) shutdown(ctx context.Context) {
 // held, claimed, warm, not held back by HoldUntil, and not fenced.
 func (w *Writer) writableLocked(p int, now time.Time) bool {
 	pt := &w.parts[p]
-	if !pt.holds || pt.claiming || w.held || w.stopped || now.Before(pt.warmUntil) {
+	if !pt.holds || pt.claiming || w.held || w.stopped || now.Before(pt.warmUntil) || w.cfg.WarmOnListen && !pt.heard {
 		return false
 	}
 	if !pt.warm {

@@ -357,3 +357,77 @@ func haGet(url string) (int, string) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
+
+// TestHATwinAfterPause: a monitor paused past its lease TTL (SIGSTOP) is
+// replaced by a process with the same id, which passes its start (the
+// paused one does not announce) and takes its partitions. When the paused
+// one resumes beside its replacement it stands down: it exits 1, saying
+// so, without taking anything back; the replacement keeps running, ready
+// and holding every partition (issue 22, item 14).
+func TestHATwinAfterPause(t *testing.T) {
+	t.Parallel()
+	const parts = 2
+	srv := natstest.Start(t, natstest.Options(t))
+	for _, m := range events.PartitionMappings(prefix, parts) {
+		if err := srv.GlobalAccount().AddMapping(m.From, m.To); err != nil {
+			t.Fatal(err)
+		}
+	}
+	url := srv.ClientURL()
+	flags := []string{"--monitor-id", "mon-twin", "--partitions", fmt.Sprint(parts), "--lease-ttl", "1s"}
+	a := startMonitor(t, monOpt{natsURL: url, flags: flags})
+	c := connect(t, url)
+	leases, err := c.js.KeyValue(t.Context(), events.LeasesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	heldBy := func() map[string]int {
+		out := map[string]int{}
+		for _, l := range haLeases(t, leases, parts) {
+			out[l.Instance]++
+		}
+		return out
+	}
+	var first string
+	natstest.WaitFor(t, 10*time.Second, "the first process holding both partitions", func() bool {
+		for inst, n := range heldBy() {
+			if inst != "" && n == parts {
+				first = inst
+				return true
+			}
+		}
+		return false
+	})
+	if err := a.proc.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	b := startMonitor(t, monOpt{natsURL: url, flags: flags})
+	var second string
+	natstest.WaitFor(t, 15*time.Second, "the replacement holding both partitions", func() bool {
+		for inst, n := range heldBy() {
+			if inst != "" && inst != first && n == parts {
+				second = inst
+				return true
+			}
+		}
+		return false
+	})
+	if err := a.proc.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a.proc.exited:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the resumed process still runs 20s beside its replacement:\n%s", a.proc.out.tail(3000))
+	}
+	var exit *exec.ExitError
+	if !errors.As(a.proc.err, &exit) || exit.ExitCode() != 1 || !strings.Contains(a.proc.out.String(), "stands down") {
+		t.Errorf("resumed process: %v, want exit 1 saying it stands down; output:\n%s", a.proc.err, a.proc.out.tail(3000))
+	}
+	if got := heldBy(); got[second] != parts {
+		t.Errorf("leases held by %v after the stand-down, want both by the replacement %s", got, second)
+	}
+	if code, body := haGet(b.base + "/readyz"); code != http.StatusOK || !b.proc.alive() {
+		t.Errorf("replacement: /readyz %d %s, alive %v", code, body, b.proc.alive())
+	}
+}

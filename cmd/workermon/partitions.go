@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -47,6 +48,9 @@ type intake struct {
 
 	mu   sync.Mutex
 	subs map[int][]*nats.Subscription
+	// failed holds, per partition, the error of its last start when it
+	// failed: the monitor cannot hear it.
+	failed map[int]error
 	// held[p] is true while partition p is subscribed; read by the plain
 	// subjects' callback.
 	held []atomic.Bool
@@ -59,7 +63,7 @@ type intake struct {
 
 func newIntake(nc *nats.Conn, mon *monitor.Monitor, prefix string, parts int, log *slog.Logger) *intake {
 	return &intake{nc: nc, mon: mon, prefix: prefix, parts: parts, log: log, msgs: make(chan *nats.Msg, intakeQueue),
-		subs: make(map[int][]*nats.Subscription), held: make([]atomic.Bool, parts),
+		subs: make(map[int][]*nats.Subscription), failed: make(map[int]error), held: make([]atomic.Bool, parts),
 		unmapLog: retry.NewErrLog(log, slog.LevelWarn, "serve: reports on subjects the NATS servers did not map")}
 }
 
@@ -80,16 +84,34 @@ func (in *intake) subjects(p int) []string {
 	return []string{events.PartitionWildcard(in.prefix, p)}
 }
 
-// start subscribes to partition p.
-func (in *intake) start(p int) error {
+// start subscribes to partition p. A failure is kept, for /readyz, until
+// a later start of p succeeds.
+func (in *intake) start(p int, hooks *serveHooks) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.subs == nil || in.subs[p] != nil {
 		return nil // closed, or already subscribed
 	}
+	err := in.subscribe(p, hooks)
+	if err != nil {
+		in.failed[p] = err
+		return err
+	}
+	delete(in.failed, p)
+	return nil
+}
+
+// subscribe subscribes to partition p, under mu.
+func (in *intake) subscribe(p int, hooks *serveHooks) error {
 	var subs []*nats.Subscription
 	var err error
+	if hooks != nil && hooks.subscribe != nil {
+		err = hooks.subscribe(p)
+	}
 	for _, subject := range in.subjects(p) {
+		if err != nil {
+			break
+		}
 		var sub *nats.Subscription
 		if sub, err = in.nc.ChanSubscribe(subject, in.msgs); err != nil {
 			err = fmt.Errorf("serve: subscribe %s: %w", subject, err)
@@ -113,6 +135,14 @@ func (in *intake) start(p int) error {
 	in.subs[p] = subs
 	in.held[p].Store(true)
 	return nil
+}
+
+// unheard returns the partitions whose last subscription failed, with the
+// error.
+func (in *intake) unheard() map[int]error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return maps.Clone(in.failed)
 }
 
 // stop unsubscribes from partition p.
@@ -215,16 +245,33 @@ func (svc *service) servePartitions(w http.ResponseWriter, _ *http.Request) {
 	_ = json.NewEncoder(w).Encode(reply)
 }
 
-// leaseCallbacks connects the leaser to the writer and the intake.
-func (svc *service) leaseCallbacks(cfg *busylist.LeaserConfig) {
+// leaseCallbacks connects the leaser to the writer and the intake. Each
+// partition's callbacks run in order on a goroutine of their own, so the
+// intake of a partition is started and stopped only there.
+func (svc *service) leaseCallbacks(cfg *busylist.LeaserConfig, hooks *serveHooks) {
 	cfg.OnAcquire = func(ctx context.Context, p int, epoch uint64) {
+		if hooks != nil && hooks.acquire != nil {
+			hooks.acquire(p, epoch)
+		}
 		// Claim first (a late put of the old holder fails from then on),
-		// then listen; the writer waits --warmup before writing.
+		// then listen; the writer's warm-up counts from then.
 		if err := svc.writer.Acquire(ctx, p, epoch); err != nil {
 			svc.log.Warn("partition not claimed", "partition", p, "err", err)
 		}
-		if err := svc.intake.start(p); err != nil {
-			svc.log.Error("partition taken but not subscribed", "partition", p, "err", err)
+		if !svc.leaser.Holds(p) {
+			// Abandoned by a claim that found a higher epoch (or lost
+			// meanwhile): not listened to.
+			return
+		}
+		if err := svc.intake.start(p, hooks); err != nil {
+			// A monitor never renews a partition it does not hear: given
+			// back, taken again after a backoff (by this monitor or another).
+			svc.log.Error("partition taken but not subscribed; giving it back", "partition", p, "err", err)
+			svc.leaser.GiveBack(p)
+			return
+		}
+		if err := svc.writer.Listening(ctx, p); err != nil {
+			svc.log.Warn("partition's warm-up not started", "partition", p, "err", err)
 		}
 	}
 	cfg.OnRelease = func(ctx context.Context, p int) {
@@ -243,6 +290,16 @@ func (svc *service) leaseCallbacks(cfg *busylist.LeaserConfig) {
 			svc.log.Warn("lost partition not dropped by the writer", "partition", p, "err", err)
 		}
 	}
+}
+
+// serveHooks are what tests put in the way of the leases' callbacks; nil
+// outside tests.
+type serveHooks struct {
+	// acquire is called first when a partition is taken.
+	acquire func(p int, epoch uint64)
+	// subscribe is called before a partition is subscribed to; an error
+	// fails the subscription.
+	subscribe func(p int) error
 }
 
 // warnReplicas, on a NATS cluster, warns about the leases and busy buckets

@@ -38,6 +38,8 @@ type serveOptions struct {
 	adminToken     string
 	resched        reschedOptions
 	log            logOptions
+	// hooks are for tests; nil otherwise.
+	hooks *serveHooks
 }
 
 func defaultServeOptions() serveOptions {

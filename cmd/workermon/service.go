@@ -147,15 +147,19 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 	lcfg.JetStream, lcfg.Replicas, lcfg.Registerer = js, o.replicas, reg
 	lcfg.MonitorID, lcfg.Partitions, lcfg.TTL = o.writer.MonitorID, o.partitions, o.leaseTTL
 	lcfg.Logger = log.With("component", "leases")
-	svc.leaseCallbacks(&lcfg)
+	// Nor any lease while the writer is held back: a monitor that cannot
+	// write leaves its partitions to the others.
+	lcfg.HoldUntil = o.writer.HoldUntil
+	svc.leaseCallbacks(&lcfg, o.hooks)
 	if svc.leaser, err = busylist.NewLeaser(lcfg); err != nil {
 		return nil, err
 	}
 	o.writer.Fence = svc.leaser.Valid
-	o.writer.OnLost = func(p int) {
-		svc.intake.stop(p)
-		svc.leaser.Abandon(p)
-	}
+	// The leaser calls OnLose, which stops the intake, on the partition's
+	// goroutine: after its OnAcquire, never racing it.
+	o.writer.OnLost = svc.leaser.Abandon
+	// The warm-up counts from when the partition is subscribed (OnAcquire).
+	o.writer.WarmOnListen = true
 	// The monitor builds a model's next record once the writer has taken the
 	// previous one (monitor.PendingSink); svc.mon is set before Run starts.
 	o.writer.OnTaken = func() { svc.mon.Kick() }
@@ -307,15 +311,16 @@ func (svc *service) ready(w http.ResponseWriter, _ *http.Request) {
 	default:
 		problems = append(problems, "cordons not loaded yet")
 	}
-	select {
-	case <-svc.leaser.Settled():
-	default:
-		if key := svc.leaser.Foreign(); key != "" {
-			problems = append(problems, "the leases bucket holds a lease of another --partitions ("+key+"): taking no partition until it is gone")
-		} else {
+	if key := svc.leaser.Foreign(); key != "" {
+		problems = append(problems, "the leases bucket holds a lease of another --partitions ("+key+"): holding and taking no partition until it is gone")
+	} else {
+		select {
+		case <-svc.leaser.Settled():
+		default:
 			problems = append(problems, "partition leases not settled yet (the first --lease-ttl)")
 		}
 	}
+	problems = append(problems, svc.unheard()...)
 	if len(problems) > 0 {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		for _, p := range problems {
@@ -324,6 +329,24 @@ func (svc *service) ready(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	_, _ = w.Write([]byte("ready\n"))
+}
+
+// unheard lists the partitions this monitor took but could not subscribe
+// to, and that no other monitor holds now: nobody hears them.
+func (svc *service) unheard() []string {
+	failed := svc.intake.unheard()
+	if len(failed) == 0 {
+		return nil
+	}
+	var out []string
+	for _, info := range svc.leaser.Partitions() {
+		err, ok := failed[info.Partition]
+		if !ok || info.Instance != "" && info.Instance != svc.leaser.Instance() && !info.Expired {
+			continue
+		}
+		out = append(out, fmt.Sprintf("partition %d taken but not subscribed to (given back, retried): %v", info.Partition, err))
+	}
+	return out
 }
 
 // goLoop runs loop on a goroutine of its own with a context of its own.
