@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -78,5 +79,64 @@ func TestContractHostileMonitorHTTP(t *testing.T) {
 			t.Errorf("a new cordon below the cap: %d %s", h.code, h.body)
 		}
 		checkAPIError(t, "the next one beyond the cap again", post("/cordon", "unseen/model", 2), http.StatusTooManyRequests)
+	})
+}
+
+// TestContractHostileRouterHTTP: model names the contract refuses are 400
+// before anything else, and never echoed whole (issue 23, item 21); a
+// priority header given twice is 400 (item 25).
+func TestContractHostileRouterHTTP(t *testing.T) {
+	t.Parallel()
+	natsURL, _, wkv := routerNATS(t)
+	r := startRouter(t, natsURL)
+	model := newModel(t)
+	registerEngines(t, wkv, model, newEngine(t, 1, nil))
+
+	t.Run("model names over 256 bytes or not UTF-8 are 400", func(t *testing.T) {
+		for _, c := range []struct {
+			what string
+			body string
+		}{
+			{"257 bytes", fmt.Sprintf(`{"model":%q,"prompt":"hi"}`, strings.Repeat("m", 257))},
+			{"1 MiB", fmt.Sprintf(`{"model":%q,"prompt":"hi"}`, strings.Repeat("m", 1<<20))},
+			{"3 MiB of escapes", `{"model":"` + strings.Repeat(`\u00e9`, 1<<19) + `","prompt":"hi"}`},
+			{"invalid UTF-8", "{\"model\":\"bad\xff\xfe\",\"prompt\":\"hi\"}"},
+		} {
+			h := doHTTP(t, "POST", r.base+"/v1/completions", "application/json", []byte(c.body))
+			checkRouterError(t, c.what, h, http.StatusBadRequest)
+			if len(h.body) > 1024 {
+				t.Errorf("%s: the 400 is %d bytes: it repeats the name", c.what, len(h.body))
+			}
+		}
+		// 256 bytes is a name: an unknown one is "no workers available".
+		h := completion(t, r.base, "/v1/completions", strings.Repeat("é", 128))
+		checkNoWorkers(t, "unknown model of 256 bytes", h)
+	})
+
+	t.Run("a repeated priority header is 400", func(t *testing.T) {
+		for _, values := range [][]string{{"1", "1"}, {"-1", "1"}, {"0", ""}} {
+			req, err := http.NewRequest("POST", r.base+"/v1/completions",
+				strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":"hi"}`, model)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			for _, v := range values {
+				req.Header.Add("X-Workermon-Priority", v)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			m := checkRouterError(t, fmt.Sprintf("priority %q", values), httpResp{code: resp.StatusCode, header: resp.Header, body: b}, http.StatusBadRequest)
+			if s, _ := m["message"].(string); !strings.Contains(s, "X-Workermon-Priority") {
+				t.Errorf("priority %q: message %q does not name the header", values, s)
+			}
+		}
+		if h := completion(t, r.base, "/v1/completions", model); h.code != http.StatusOK {
+			t.Errorf("one priority header: %d %s", h.code, h.body)
+		}
 	})
 }
