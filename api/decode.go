@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"mime"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -55,6 +56,9 @@ func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *httpE
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return nil, errorf(http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is more than the limit of %d bytes", max))
+		}
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+			return nil, errorf(http.StatusRequestTimeout, "the body did not arrive in time")
 		}
 		return nil, errorf(http.StatusBadRequest, "cannot read the body: "+err.Error())
 	}

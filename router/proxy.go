@@ -154,6 +154,12 @@ func (ex *exchange) readBody() ([]byte, bool) {
 		tooLarge()
 		return nil, false
 	}
+	// Before the context: net/http cancels it when a read of the body
+	// times out, but the client is still there to be told.
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		ex.writeError(http.StatusRequestTimeout, typeInvalidRequest, "the request body did not arrive in time")
+		return nil, false
+	}
 	if ex.r.Context().Err() != nil {
 		ex.clientGone()
 		return nil, false

@@ -231,7 +231,7 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 	for _, p := range []string{"/metrics", "/healthz", "/readyz", "/partitions"} {
 		mux.HandleFunc(p, api.MethodNotAllowed("GET, HEAD"))
 	}
-	if svc.http, err = startHTTP("serve", o.httpAddr, mux, log); err != nil {
+	if svc.http, err = startHTTPLimits("serve", o.httpAddr, mux, log, o.httpLimits); err != nil {
 		return nil, err
 	}
 	svc.httpAddr = svc.http.addr
