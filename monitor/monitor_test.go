@@ -2,9 +2,9 @@ package monitor
 
 import (
 	"context"
-	"math"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
