@@ -216,9 +216,14 @@ func decodeModel(raw json.RawMessage) (string, *httpError) {
 	return model, nil
 }
 
-// checkModel answers 400 for a name that cannot be a model name.
+// checkModel answers 400 for a name that cannot be a model name. A name
+// over the limit is cut in the message: it may be a megabyte long.
 func checkModel(model string) *httpError {
 	if err := events.ValidateModel(model); err != nil {
+		if len(model) > events.MaxModelLen {
+			return errorf(http.StatusBadRequest, fmt.Sprintf("model %.64q… (%d bytes) is not a valid model name: it must be 1 to %d bytes of UTF-8",
+				model, len(model), events.MaxModelLen))
+		}
 		return errorf(http.StatusBadRequest, fmt.Sprintf("model %q is not a valid model name: it must be 1 to %d bytes of UTF-8", model, events.MaxModelLen))
 	}
 	return nil

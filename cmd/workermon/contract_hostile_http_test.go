@@ -10,8 +10,8 @@ import (
 	"testing"
 )
 
-// Hostile and malformed HTTP requests to the monitor (issue 23, items 18
-// and 24): each answers with its status and the JSON error, and none widens
+// Hostile and malformed HTTP requests to the monitor (issue 23, items 18,
+// 21 and 24): each answers with its status and the JSON error, and none widens
 // an answer or grows the monitor's state without bound.
 
 // maxCordons is overrides.DefaultMaxCordons: POST /cordon refuses a new
@@ -41,6 +41,11 @@ func TestContractHostileMonitorHTTP(t *testing.T) {
 		for _, path := range []string{"/loads", "/workers", "/busy"} {
 			for _, query := range []string{"?model=%zz", "?model=", "?model=a%", "?model=%zz&model=", "?x=%zz&model=a"} {
 				checkAPIError(t, "GET "+path+query, doHTTP(t, "GET", m.base+path+query, "", nil), http.StatusBadRequest)
+			}
+			long := doHTTP(t, "GET", m.base+path+"?model="+strings.Repeat("m", 100<<10), "", nil)
+			checkAPIError(t, "GET "+path+" with a 100 KiB model", long, http.StatusBadRequest)
+			if len(long.body) > 1024 {
+				t.Errorf("GET %s with a 100 KiB model: the 400 is %d bytes: it repeats the name", path, len(long.body))
 			}
 			if h := doHTTP(t, "GET", m.base+path, "", nil); h.code != http.StatusOK {
 				t.Errorf("GET %s without a model: %d %s", path, h.code, h.body)
