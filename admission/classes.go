@@ -90,15 +90,24 @@ func ParsePriority(v string) (Class, error) {
 			// A number, just a large one: ParseInt saturates with its sign.
 			return ClassOf(p), nil
 		}
-		return ClassStandard, fmt.Errorf("%w: %s %q is not an integer", ErrInvalidPriority, PriorityHeader, v)
+		return ClassStandard, fmt.Errorf("%w: %s %.32q is not an integer", ErrInvalidPriority, PriorityHeader, v)
 	}
 	return ClassOf(p), nil
 }
 
 // ClassFromRequest returns the class of r from its PriorityHeader (see
-// ParsePriority).
+// ParsePriority). The header given more than once wraps
+// ErrInvalidPriority: which of its values counts is not for the router to
+// guess (a proxy in between may have added one).
 func ClassFromRequest(r *http.Request) (Class, error) {
-	return ParsePriority(r.Header.Get(PriorityHeader))
+	switch vs := r.Header.Values(PriorityHeader); len(vs) {
+	case 0:
+		return ClassStandard, nil
+	case 1:
+		return ParsePriority(vs[0])
+	default:
+		return ClassStandard, fmt.Errorf("%w: %s is given %d times; give it once", ErrInvalidPriority, PriorityHeader, len(vs))
+	}
 }
 
 // ClassLists are what deciding by class needs of a record beyond its own

@@ -61,6 +61,38 @@ func TestParsePriority(t *testing.T) { // not parallel: AllocsPerRun
 	}
 }
 
+// TestClassFromRequest: the priority header given more than once is
+// refused, whatever its values (issue 23, item 25); its value is cut in the
+// message.
+func TestClassFromRequest(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		values []string
+		want   Class
+		ok     bool
+	}{
+		{nil, ClassStandard, true},
+		{[]string{"-2"}, ClassSheddable, true},
+		{[]string{"1"}, ClassCritical, true},
+		{[]string{"1", "1"}, ClassStandard, false},
+		{[]string{"-1", "5"}, ClassStandard, false},
+		{[]string{"", ""}, ClassStandard, false},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/completions", nil)
+		for _, v := range c.values {
+			r.Header.Add(PriorityHeader, v)
+		}
+		got, err := ClassFromRequest(r)
+		if got != c.want || (err == nil) != c.ok || (err != nil && !errors.Is(err, ErrInvalidPriority)) {
+			t.Errorf("ClassFromRequest(%q) = %v, %v; want %v, ok=%v", c.values, got, err, c.want, c.ok)
+		}
+	}
+	_, err := ParsePriority(strings.Repeat("x", 1<<20))
+	if msg := BadPriorityMessage(err); len(msg) > 200 {
+		t.Errorf("message of a 1 MiB header is %d bytes", len(msg))
+	}
+}
+
 // TestDecideClassRecord: each class's candidates and rejection over records
 // with amber and hard workers (contract §15).
 func TestDecideClassRecord(t *testing.T) { // not parallel: AllocsPerRun

@@ -220,6 +220,10 @@ func (h *handler) context(r *http.Request) (context.Context, context.CancelFunc)
 	return context.WithTimeout(r.Context(), h.cfg.Timeout)
 }
 
+// MethodNotAllowed answers 405 with Allow and the JSON error, for a caller
+// that serves more paths beside the API's on one mux.
+func MethodNotAllowed(allow string) http.HandlerFunc { return methodNotAllowed(allow) }
+
 func methodNotAllowed(allow string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", allow)

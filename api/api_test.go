@@ -452,7 +452,7 @@ func TestInspect(t *testing.T) {
 		{"/workers?model=nobody", 200, `{"workers":[]}`},
 		{"/loads?model=a", 200, `{"loads":[{"model":"a","worker_id":1,"dp_rank":0,"active_decode_blocks":90,"kv_total_blocks":100,"active_prefill_tokens":0,"max_num_batched_tokens":0,"sources":{},"busy":true,"reason":"kv","stale":false,"age_seconds":0}]}`},
 		{"/loads?model=nobody", 200, `{"loads":[]}`},
-		{"/loads?model=" + strings.Repeat("x", 300), 400, `{"error":"model \"` + strings.Repeat("x", 300) + `\" is not a valid model name: it must be 1 to 256 bytes of UTF-8"}`},
+		{"/loads?model=" + strings.Repeat("x", 300), 400, `{"error":"model \"` + strings.Repeat("x", 64) + `\"… (300 bytes) is not a valid model name: it must be 1 to 256 bytes of UTF-8"}`},
 	}
 	for _, tt := range tests {
 		rec := f.do(t, request{method: "GET", target: tt.target})

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -102,6 +103,11 @@ func (h *handler) setCordon(on bool) http.HandlerFunc {
 		ctx, cancel := h.context(r)
 		defer cancel()
 		reply, err := h.storeCordon(ctx, req, on)
+		if errors.Is(err, overrides.ErrTooManyCordons) {
+			errorf(http.StatusTooManyRequests, "too many cordons: the cordons bucket holds the most it may; "+
+				"uncordon workers first (GET /cordons lists them)").write(w)
+			return
+		}
 		if err != nil {
 			cordonsUnreachable(err).write(w)
 			return

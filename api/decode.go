@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"mime"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -55,6 +56,9 @@ func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *httpE
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return nil, errorf(http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is more than the limit of %d bytes", max))
+		}
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+			return nil, errorf(http.StatusRequestTimeout, "the body did not arrive in time")
 		}
 		return nil, errorf(http.StatusBadRequest, "cannot read the body: "+err.Error())
 	}
@@ -212,9 +216,14 @@ func decodeModel(raw json.RawMessage) (string, *httpError) {
 	return model, nil
 }
 
-// checkModel answers 400 for a name that cannot be a model name.
+// checkModel answers 400 for a name that cannot be a model name. A name
+// over the limit is cut in the message: it may be a megabyte long.
 func checkModel(model string) *httpError {
 	if err := events.ValidateModel(model); err != nil {
+		if len(model) > events.MaxModelLen {
+			return errorf(http.StatusBadRequest, fmt.Sprintf("model %.64q… (%d bytes) is not a valid model name: it must be 1 to %d bytes of UTF-8",
+				model, len(model), events.MaxModelLen))
+		}
 		return errorf(http.StatusBadRequest, fmt.Sprintf("model %q is not a valid model name: it must be 1 to %d bytes of UTF-8", model, events.MaxModelLen))
 	}
 	return nil

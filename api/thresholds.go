@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 
@@ -211,24 +212,27 @@ func (h *handler) unauthorized(w http.ResponseWriter, r *http.Request, herr *htt
 	herr.write(w)
 }
 
-// queryModel returns the model query parameter; empty is allowed unless
-// required. More than one, or an invalid name, is 400.
+// queryModel returns the model query parameter; absent is allowed unless
+// required. More than one, an empty one, a query string that does not
+// decode (?model=%zz) or an invalid name is 400: none of them may widen the
+// answer to every model.
 func queryModel(r *http.Request, required bool) (string, *httpError) {
-	values := r.URL.Query()[fieldModel]
-	if len(values) > 1 {
+	query, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return "", errorf(http.StatusBadRequest, "the query string does not decode: "+err.Error())
+	}
+	values, given := query[fieldModel]
+	switch {
+	case len(values) > 1:
 		return "", errorf(http.StatusBadRequest, "give the model query parameter once")
-	}
-	var model string
-	if len(values) == 1 {
-		model = values[0]
-	}
-	if model == "" {
-		if required {
-			return "", errorf(http.StatusBadRequest, fmt.Sprintf("the model query parameter is required: %s %s?model=<name>", r.Method, r.URL.Path))
-		}
+	case (!given || values[0] == "") && required:
+		return "", errorf(http.StatusBadRequest, fmt.Sprintf("the model query parameter is required: %s %s?model=<name>", r.Method, r.URL.Path))
+	case !given:
 		return "", nil
+	case values[0] == "":
+		return "", errorf(http.StatusBadRequest, fmt.Sprintf("the model query parameter is empty: %s %s?model=<name>, or no model parameter for every model", r.Method, r.URL.Path))
 	}
-	return model, checkModel(model)
+	return values[0], checkModel(values[0])
 }
 
 // storeError answers a failure of the thresholds bucket.

@@ -24,7 +24,17 @@ const (
 	rejectSources      = "too_many_sources"
 	rejectRanks        = "too_many_ranks"
 	rejectPartition    = "wrong_partition"
+	// rejectFuture: sent_at more than --stale-after ahead of the monitor's
+	// clock (contract §3): accepted, a new boot_id would lock the worker's
+	// real reports out as a dead boot.
+	rejectFuture = "future_sent_at"
 )
+
+// fromFuture reports whether a message sent at sentAt (Unix nanoseconds)
+// is more than --stale-after ahead of now.
+func (s *state) fromFuture(sentAt int64, now time.Time) bool {
+	return sentAt > now.UnixNano()+int64(s.cfg.StaleAfter)
+}
 
 // rejectLogEvery limits how often rejections are logged.
 const rejectLogEvery = 10 * time.Second
@@ -238,6 +248,9 @@ func (s *state) applyReport(r *events.LoadReport, subject string, unchecked bool
 	if r.DPSize > uint32(s.cfg.MaxRanksPerWorker) {
 		return rejectRanks, nil
 	}
+	if s.fromFuture(r.SentAt, now) {
+		return rejectFuture, nil
+	}
 	if m == nil {
 		if len(s.models) >= s.cfg.MaxModels {
 			return rejectModels, nil
@@ -304,6 +317,9 @@ func (s *state) applyGoodbye(g *events.Goodbye, now time.Time) string {
 		return rejectUnknown
 	}
 	w := m.workers[g.WorkerID]
+	if s.fromFuture(g.SentAt, now) {
+		return rejectFuture // it would keep the next boot out for gone-after
+	}
 	if w.left {
 		return rejectAfterGoodbye
 	}

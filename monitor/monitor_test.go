@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -1066,6 +1067,50 @@ func TestWrongPartition(t *testing.T) {
 		h.raw(subject(wrong, 2), b)
 		if n := strings.Count(logs.String(), "mapped with another partition count"); n != 2 {
 			t.Errorf("logged %d times after 10 s, want twice", n)
+		}
+	})
+}
+
+// TestFutureSentAtRefused checks contract §3: a message whose sent_at is
+// more than --stale-after ahead of the monitor's clock is refused and
+// counted, so that a new boot_id with a far-future sent_at cannot lock the
+// worker's real reports out as a dead boot.
+func TestFutureSentAtRefused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		stale := DefaultConfig().StaleAfter
+		h.send(h.report(1, 0, 90, 100))
+		h.expect([]uint64{1}, nil, nil)
+
+		forged := h.report(1, 0, 0, 100)
+		forged.BootID, forged.Seq, forged.SentAt = 99, 1, math.MaxInt64
+		h.send(forged)
+		if got := h.rejected(rejectFuture); got != 1 {
+			t.Fatalf("future sent_at counted %v, want 1", got)
+		}
+		h.expect([]uint64{1}, nil, nil)
+		bye := events.Goodbye{Model: testModel, WorkerID: 1, Source: events.SourceEngine, BootID: 98, Seq: 1,
+			SentAt: time.Now().Add(stale + time.Nanosecond).UnixNano()}
+		h.bye(bye)
+		if got := h.rejected(rejectFuture); got != 2 {
+			t.Fatalf("future goodbye counted %v, want 2", got)
+		}
+
+		// The real boot goes on.
+		time.Sleep(time.Second)
+		h.send(h.report(1, 0, 10, 100))
+		h.expect(nil, []uint64{1}, nil)
+		if got := h.rejected(rejectDeadBoot); got != 0 {
+			t.Fatalf("dead boot counted %v, want 0", got)
+		}
+
+		// Exactly --stale-after ahead is still accepted (a clock skew).
+		ahead := h.report(1, 0, 90, 100)
+		ahead.BootID, ahead.Seq, ahead.SentAt = 7, 1, time.Now().Add(stale).UnixNano()
+		h.send(ahead)
+		h.expect([]uint64{1}, nil, nil)
+		if got := h.rejected(rejectFuture); got != 2 {
+			t.Fatalf("future sent_at counted %v, want still 2", got)
 		}
 	})
 }

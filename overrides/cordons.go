@@ -38,12 +38,20 @@ type CordonStoreConfig struct {
 	Timeout time.Duration
 	// Now is the clock of cordoned_at; nil means time.Now.
 	Now func() time.Time
+	// Max bounds the cordons the bucket holds: a cordon may name a worker
+	// not seen yet (contract §12), so nothing else bounds them. A new cordon
+	// beyond it is refused with ErrTooManyCordons. Must be > 0.
+	Max int
 }
+
+// DefaultMaxCordons is CordonStoreConfig.Max by default: far more workers
+// than an operator cordons by hand, and a few hundred KiB of names at most.
+const DefaultMaxCordons = 1024
 
 // DefaultCordonStoreConfig returns a CordonStoreConfig with every default
 // set; the caller must still set JetStream.
 func DefaultCordonStoreConfig() CordonStoreConfig {
-	return CordonStoreConfig{Bucket: events.CordonsBucket, Replicas: 1, Timeout: DefaultTimeout}
+	return CordonStoreConfig{Bucket: events.CordonsBucket, Replicas: 1, Timeout: DefaultTimeout, Max: DefaultMaxCordons}
 }
 
 // Validate reports every problem of the configuration, joined.
@@ -51,6 +59,9 @@ func (c CordonStoreConfig) Validate() error {
 	errs := kvbucket.Check("overrides: cordon store", c.JetStream, c.Bucket, c.Replicas)
 	if c.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("overrides: cordon store: timeout %v is not positive", c.Timeout))
+	}
+	if c.Max <= 0 {
+		errs = append(errs, fmt.Errorf("overrides: cordon store: max %d is not positive", c.Max))
 	}
 	return errors.Join(errs...)
 }
@@ -74,7 +85,9 @@ func NewCordonStore(cfg CordonStoreConfig) (*CordonStore, error) {
 }
 
 // Cordon cordons a worker and returns its cordon. Cordoning a worker again
-// keeps the first cordon (and its time).
+// keeps the first cordon (and its time). A new cordon when the bucket holds
+// Max already is refused with ErrTooManyCordons (several monitors creating
+// cordons at once may pass Max by a few).
 func (s *CordonStore) Cordon(ctx context.Context, model string, worker uint64) (Cordon, error) {
 	if err := events.ValidateModel(model); err != nil {
 		return Cordon{}, err
@@ -85,12 +98,30 @@ func (s *CordonStore) Cordon(ctx context.Context, model string, worker uint64) (
 	if err != nil {
 		return Cordon{}, err
 	}
+	key := events.RegistryKey(model, worker)
+	e, err := kv.Get(ctx, key)
+	switch {
+	case err == nil:
+		if old, derr := cordonDecode(key, e.Value()); derr == nil {
+			return old, nil
+		}
+	case !errors.Is(err, jetstream.ErrKeyNotFound):
+		return Cordon{}, fmt.Errorf("overrides: cordon %s worker %d: %w", model, worker, err)
+	default:
+		n := 0
+		if err := kvbucket.ReadAll(ctx, kv, func(jetstream.KeyValueEntry) { n++ }); err != nil {
+			return Cordon{}, fmt.Errorf("overrides: count cordons: %w", err)
+		}
+		if n >= s.cfg.Max {
+			return Cordon{}, fmt.Errorf("overrides: cordon %.80q worker %d: the bucket holds %d cordons, the most allowed: %w",
+				model, worker, n, ErrTooManyCordons)
+		}
+	}
 	c := Cordon{Model: model, WorkerID: worker, CordonedAt: s.cfg.Now().UnixNano()}
 	data, err := json.Marshal(c)
 	if err != nil {
 		return Cordon{}, fmt.Errorf("overrides: cordon: %w", err)
 	}
-	key := events.RegistryKey(model, worker)
 	_, err = kv.Create(ctx, key, data)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		e, gerr := kv.Get(ctx, key)

@@ -110,3 +110,41 @@ func TestCordonWatcher(t *testing.T) {
 		t.Errorf("deletes counted: %v", v)
 	}
 }
+
+// TestCordonStoreMax checks that a new cordon beyond Max is refused, while
+// cordoning a cordoned worker again still answers its cordon.
+func TestCordonStoreMax(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	cfg := overrides.DefaultCordonStoreConfig()
+	cfg.JetStream, cfg.Max = e.js, 2
+	s, err := overrides.NewCordonStore(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	for _, w := range []uint64{1, 2} {
+		if _, err := s.Cordon(ctx, "m", w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Cordon(ctx, "m", 3); !errors.Is(err, overrides.ErrTooManyCordons) {
+		t.Errorf("third cordon = %v, want ErrTooManyCordons", err)
+	}
+	if _, err := s.Cordon(ctx, "other", 1); !errors.Is(err, overrides.ErrTooManyCordons) {
+		t.Errorf("cordon of another model = %v, want ErrTooManyCordons", err)
+	}
+	if c, err := s.Cordon(ctx, "m", 2); err != nil || c.WorkerID != 2 {
+		t.Errorf("cordoning again at the cap = %+v, %v", c, err)
+	}
+	if _, err := s.Uncordon(ctx, "m", 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Cordon(ctx, "m", 3); err != nil {
+		t.Errorf("cordon after an uncordon = %v", err)
+	}
+	cfg.Max = 0
+	if _, err := overrides.NewCordonStore(cfg); err == nil {
+		t.Error("Max 0 accepted")
+	}
+}

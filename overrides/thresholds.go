@@ -38,6 +38,9 @@ var (
 	// ErrBadOverride marks a stored threshold override that is not a JSON
 	// object of the three thresholds within their ranges.
 	ErrBadOverride = errors.New("overrides: invalid threshold override")
+	// ErrTooManyCordons is returned by CordonStore.Cordon when the bucket
+	// already holds CordonStoreConfig.Max cordons.
+	ErrTooManyCordons = errors.New("overrides: too many cordons")
 )
 
 // Defaults of the configurations.

@@ -147,3 +147,74 @@ func TestShedStatus(t *testing.T) {
 		t.Errorf("shed: %d %s", resp.StatusCode, b)
 	}
 }
+
+// TestNoRegisteredCandidate checks contract §15 for a record whose
+// candidates for the request's class are not registered (issue 22, item
+// 15): a sheddable request whose registered workers are all amber gets the
+// shed rejection, a critical one whose registered workers are all hard the
+// all-busy 503, never "no workers available"; and the admission is counted
+// only with a candidate.
+func TestNoRegisteredCandidate(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, envOptions{})
+	for _, id := range []uint64{1, 3} {
+		env.putWorker(t, model, id, jsonEngine(t, string(rune('0'+id))).srv.URL)
+	}
+	admitted := func() float64 {
+		return env.metric(t, "workermon_router_admissions_total", map[string]string{"outcome": admission.OutcomeAdmitted})
+	}
+	expect := func(what, priority string, status int, body []byte) {
+		t.Helper()
+		resp := env.postPriority(t, priority)
+		if b := readAll(t, resp); resp.StatusCode != status || !bytes.Equal(b, body) || resp.Header.Get("Retry-After") == "" {
+			t.Errorf("%s: %d %s, want %d %s", what, resp.StatusCode, b, status, body)
+		}
+	}
+
+	// Free 1 (amber) and 2 (not registered); busy 3 and 4.
+	env.putClassRecord(t, []uint64{1, 2}, []uint64{1}, []uint64{3, 4}, []uint64{3})
+	expect("sheddable, registered workers amber or busy", "-1", http.StatusTooManyRequests, admission.ShedBody(429))
+	if got := admitted(); got != 0 {
+		t.Errorf("admissions{admitted} = %v after a shed request, want 0", got)
+	}
+	resp := env.postPriority(t, "0")
+	if b := readAll(t, resp); resp.StatusCode != http.StatusOK || resp.Header.Get("X-Engine") != "1" {
+		t.Errorf("standard: %d %s, want 200 from engine 1", resp.StatusCode, b)
+	}
+	if got := admitted(); got != 1 {
+		t.Errorf("admissions{admitted} = %v, want 1", got)
+	}
+
+	// Free 2 (not registered); busy 1 and 3, both hard.
+	env.putClassRecord(t, []uint64{2}, nil, []uint64{1, 3}, []uint64{1, 3})
+	expect("critical, registered workers hard", "1", http.StatusServiceUnavailable, admission.RejectBody(503))
+	expect("standard, registered workers busy", "0", http.StatusServiceUnavailable, admission.RejectBody(503))
+	expect("sheddable, registered workers busy", "-1", http.StatusServiceUnavailable, admission.RejectBody(503))
+
+	if got := admitted(); got != 1 {
+		t.Errorf("admissions{admitted} = %v, want 1: a request without a candidate is not admitted", got)
+	}
+	for _, c := range []struct {
+		outcome string
+		want    float64
+	}{{admission.OutcomeShed, 1}, {admission.OutcomeRejected, 3}} {
+		if got := env.metric(t, "workermon_router_admissions_total", map[string]string{"outcome": c.outcome}); got != c.want {
+			t.Errorf("admissions{%s} = %v, want %v", c.outcome, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		class, decision string
+		want            float64
+	}{
+		{"sheddable", "admitted", 0}, {"sheddable", "rejected", 2},
+		{"standard", "admitted", 1}, {"standard", "rejected", 1},
+		{"critical", "admitted", 0}, {"critical", "rejected", 1},
+	} {
+		if got := env.metric(t, "workermon_router_class_decisions_total", map[string]string{"class": c.class, "decision": c.decision}); got != c.want {
+			t.Errorf("class_decisions{%s,%s} = %v, want %v", c.class, c.decision, got, c.want)
+		}
+	}
+	if got := env.metric(t, "workermon_router_no_workers_total", nil); got != 0 {
+		t.Errorf("no_workers = %v, want 0: workers are registered", got)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/workermon/workermon/admission"
 	"github.com/workermon/workermon/events"
@@ -101,17 +102,16 @@ func (ex *exchange) serve() {
 		return
 	}
 	d := rt.cfg.BusyList.DecideClass(model, class)
+	var buf [8]events.WorkerEntry
+	cands := d.Candidates(buf[:0], registered)
+	if d.Admit && len(cands) == 0 {
+		d = rt.unroutable(model, d, registered)
+	}
+	// Counted once the outcome is known: an admission has a candidate.
 	rt.admission.Observe(model, d)
 	if !d.Admit {
 		ex.code = rt.reject.RejectStatus(d)
 		rt.reject.RejectDecision(ex.w, d)
-		return
-	}
-	var buf [8]events.WorkerEntry
-	cands := d.Candidates(buf[:0], registered)
-	if len(cands) == 0 {
-		ex.code = http.StatusServiceUnavailable
-		rt.writeNoWorkers(ex.w, model, "every registered worker is busy")
 		return
 	}
 
@@ -154,12 +154,36 @@ func (ex *exchange) readBody() ([]byte, bool) {
 		tooLarge()
 		return nil, false
 	}
+	// Before the context: net/http cancels it when a read of the body
+	// times out, but the client is still there to be told.
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		ex.writeError(http.StatusRequestTimeout, typeInvalidRequest, "the request body did not arrive in time")
+		return nil, false
+	}
 	if ex.r.Context().Err() != nil {
 		ex.clientGone()
 		return nil, false
 	}
 	ex.writeError(http.StatusBadRequest, typeInvalidRequest, "reading the request body: "+err.Error())
 	return nil, false
+}
+
+// unroutable turns an admitted decision none of whose workers is
+// registered into the rejection of contract §15: the shed rejection for a
+// sheddable request a standard one would have got through (its registered
+// workers are all amber), the all-busy one otherwise (the registered
+// workers are all busy, or all hard for a critical request). Only a fresh
+// record's decision can lack a candidate when workers are registered.
+func (rt *Router) unroutable(model string, d admission.Decision, registered []events.WorkerEntry) admission.Decision {
+	d.Admit, d.Reason = false, admission.ReasonAllBusy
+	if d.Class == admission.ClassSheddable {
+		var buf [8]events.WorkerEntry
+		std := rt.cfg.BusyList.DecideClass(model, admission.ClassStandard)
+		if len(std.Candidates(buf[:0], registered)) > 0 {
+			d.Reason = admission.ReasonShed
+		}
+	}
+	return d
 }
 
 // requestModel returns the body's top-level "model", or the message of a 400
@@ -177,8 +201,15 @@ func requestModel(body []byte) (model, msg string) {
 	if req.Model[0] != '"' || json.Unmarshal(req.Model, &model) != nil {
 		return "", `"model" must be a string`
 	}
-	if model == "" {
+	// The name itself is never echoed here: it may be megabytes long.
+	switch {
+	case model == "":
 		return "", `"model" is empty`
+	case len(model) > events.MaxModelLen:
+		return "", fmt.Sprintf(`"model" is %d bytes long: a model name is at most %d bytes`, len(model), events.MaxModelLen)
+	case !utf8.Valid(req.Model):
+		// json.Unmarshal turns invalid bytes into U+FFFD: check them raw.
+		return "", `"model" is not valid UTF-8`
 	}
 	return model, ""
 }
@@ -333,10 +364,10 @@ func (ex *exchange) dispatchFailed(err error) {
 		ex.clientGone()
 	case errors.Is(err, ErrUpstreamTimeout):
 		ex.writeError(http.StatusGatewayTimeout, typeUpstreamTimeout,
-			fmt.Sprintf("the worker for model %q sent no response headers within %v", ex.model, ex.rt.cfg.UpstreamTimeout))
+			fmt.Sprintf("the worker for model %.256q sent no response headers within %v", ex.model, ex.rt.cfg.UpstreamTimeout))
 	default:
 		ex.writeError(http.StatusBadGateway, typeUpstream,
-			fmt.Sprintf("no worker for model %q could be reached: %v", ex.model, err))
+			fmt.Sprintf("no worker for model %.256q could be reached: %v", ex.model, err))
 	}
 }
 

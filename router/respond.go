@@ -43,7 +43,7 @@ func (rt *Router) writeNoWorkers(w http.ResponseWriter, model, why string) {
 	rt.metrics.noWorkers.Inc()
 	w.Header().Set("Retry-After", rt.retryAfter)
 	writeError(w, http.StatusServiceUnavailable, typeServiceUnavailable,
-		fmt.Sprintf("no workers available for model %q: %s", model, why))
+		fmt.Sprintf("no workers available for model %.256q: %s", model, why))
 }
 
 // modelList is the answer of GET /v1/models (OpenAI's shape).

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/httplimit"
 	"github.com/workermon/workermon/natsconn"
 	"github.com/workermon/workermon/publisher"
 )
@@ -125,7 +126,9 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger *slog.Logger) (*Wor
 	w.stats.Store(w.snapshot())
 
 	w.srv = &http.Server{
-		Handler:           w.routes(),
+		// A body that never ends and a client that stops reading are cut;
+		// a stream lives as long as it writes (httplimit).
+		Handler:           httplimit.Handler(w.routes(), httplimit.DefaultLimits()),
 		ReadHeaderTimeout: readHeaderTimeout,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 	}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/workermon/workermon/events"
@@ -44,7 +45,7 @@ func FormatLine(c Change) string {
 	var b strings.Builder
 	b.WriteString(c.At.Format(lineTime))
 	b.WriteString(" model=")
-	b.WriteString(quoteModel(c.Model))
+	b.WriteString(QuoteModel(c.Model))
 	if c.Record == nil {
 		b.WriteString(" deleted")
 		return b.String()
@@ -76,8 +77,12 @@ func FormatLine(c Change) string {
 	return b.String()
 }
 
-func quoteModel(m string) string {
-	if strings.ContainsAny(m, " \"=") || strings.ContainsFunc(m, func(r rune) bool { return r < ' ' || r == 0x7f || r == utf8.RuneError }) {
+// QuoteModel renders a model name for a terminal: as it is when every
+// rune of it is printable and it holds no space, '"' or '=', else quoted
+// with Go's escapes, so that a name carrying terminal escapes, tabs or
+// invalid UTF-8 can neither paint the screen nor fake rows or columns.
+func QuoteModel(m string) string {
+	if strings.ContainsAny(m, " \"=") || strings.ContainsFunc(m, func(r rune) bool { return !unicode.IsPrint(r) || r == utf8.RuneError }) {
 		return strconv.Quote(m)
 	}
 	return m
@@ -226,7 +231,7 @@ func (sc *screen) render(recs []*Record, now time.Time, cols int) []string {
 		sc.lines = append(sc.lines, "", "loading the bucket…")
 		return sc.lines
 	case len(recs) == 0 && sc.cfg.Model != "":
-		sc.lines = append(sc.lines, "", "no record of model "+quoteModel(sc.cfg.Model)+": no monitor lists it")
+		sc.lines = append(sc.lines, "", "no record of model "+QuoteModel(sc.cfg.Model)+": no monitor lists it")
 		return sc.lines
 	case len(recs) == 0:
 		sc.lines = append(sc.lines, "", "no record: no monitor lists a model")
@@ -256,7 +261,7 @@ func (sc *screen) model(r *Record, now time.Time, cols int) {
 		status = sc.paint(escOK, " admitting ")
 	}
 	sc.lines = append(sc.lines, "",
-		sc.paint(escBold, quoteModel(b.Model))+"  "+status+fmt.Sprintf("  busy %d  free %d  stale %d  amber %d  hard %d",
+		sc.paint(escBold, QuoteModel(b.Model))+"  "+status+fmt.Sprintf("  busy %d  free %d  stale %d  amber %d  hard %d",
 			len(b.Busy), len(b.Free), len(b.Stale), len(b.Amber), len(b.Hard)),
 		"  thresholds "+thresholdsText(b.Thresholds, "  ")+
 			sc.paint(escDim, fmt.Sprintf("   updated %s ago by %s, epoch %d", age.Round(100*time.Millisecond), b.MonitorID, b.Epoch)))

@@ -10,6 +10,7 @@ import (
 
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/overrides"
+	"github.com/workermon/workermon/watch"
 )
 
 // runCordon is `workermon cordon`: with --model and --worker-id it cordons
@@ -97,7 +98,7 @@ func printCordons(w io.Writer, cordons []overrides.Cordon) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "MODEL\tWORKER_ID\tCORDONED_AT")
 	for _, c := range cordons {
-		fmt.Fprintf(tw, "%s\t%d\t%s\n", c.Model, c.WorkerID, time.Unix(0, c.CordonedAt).UTC().Format(time.RFC3339))
+		fmt.Fprintf(tw, "%s\t%d\t%s\n", watch.QuoteModel(c.Model), c.WorkerID, time.Unix(0, c.CordonedAt).UTC().Format(time.RFC3339))
 	}
 	return tw.Flush()
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // errUsage marks errors in the command line or environment.
@@ -144,5 +145,27 @@ func (v uint32Value) Set(s string) error {
 		return fmt.Errorf("%q is not a number from 0 to %d", s, uint32(math.MaxUint32))
 	}
 	*v.p = uint32(n)
+	return nil
+}
+
+// setDuration is a duration flag that remembers whether it was set.
+type setDuration struct {
+	p   *time.Duration
+	set *bool
+}
+
+func (v setDuration) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return v.p.String()
+}
+
+func (v setDuration) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a duration", s)
+	}
+	*v.p, *v.set = d, true
 	return nil
 }

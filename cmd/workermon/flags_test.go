@@ -109,3 +109,53 @@ func TestPeriodFlags(t *testing.T) {
 		})
 	}
 }
+
+// TestReschedulingTimeoutDefault checks contract §12: an unset
+// --rescheduling-timeout is the default cut to half the interval when that
+// is shorter, so no legal interval is refused because of a default; a value
+// the operator set (flag or environment) must still be below the interval.
+func TestReschedulingTimeoutDefault(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		env     string // WORKERMON_RESCHEDULING_TIMEOUT
+		want    time.Duration
+		refused bool
+	}{
+		{name: "off", args: nil, want: DefaultReschedulingTimeout},
+		{name: "long interval keeps the default", args: []string{"--rescheduling-interval", "3s"}, want: time.Second},
+		{name: "short interval halves it", args: []string{"--rescheduling-interval", "500ms"}, want: 250 * time.Millisecond},
+		{name: "interval of twice the default", args: []string{"--rescheduling-interval", "2s"}, want: time.Second},
+		{name: "set below the interval", args: []string{"--rescheduling-interval", "3s", "--rescheduling-timeout", "2s"}, want: 2 * time.Second},
+		{name: "set not below the interval", args: []string{"--rescheduling-interval", "500ms", "--rescheduling-timeout", "1s"}, refused: true},
+		{name: "set to the default, not below", args: []string{"--rescheduling-interval", "800ms", "--rescheduling-timeout", "1s"}, refused: true},
+		{name: "set from the environment", args: []string{"--rescheduling-interval", "500ms"}, env: "1s", refused: true},
+		{name: "set to zero", args: []string{"--rescheduling-timeout", "0s"}, refused: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.env != "" {
+				t.Setenv("WORKERMON_RESCHEDULING_TIMEOUT", tt.env)
+			}
+			o := defaultServeOptions()
+			fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+			o.flags(fs)
+			if err := parseFlags(fs, tt.args, io.Discard, nil); err != nil {
+				t.Fatal(err)
+			}
+			err := o.validate()
+			if tt.refused {
+				if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "rescheduling-timeout") {
+					t.Fatalf("validate = %v, want the timeout refused", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("validate = %v, want accepted", err)
+			}
+			if got := o.resched.effectiveTimeout(); got != tt.want {
+				t.Errorf("timeout = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

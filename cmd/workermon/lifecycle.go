@@ -15,12 +15,16 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/workermon/workermon/internal/httplimit"
 )
 
 // What the long-running commands (serve, router, sim, demo) share: how they
 // start, serve HTTP, name themselves and stop.
 
-// Settings of every HTTP server of the process.
+// Settings of every HTTP server of the process. A request's body and each
+// write of its response are bounded too (httplimit.DefaultLimits), per
+// request and per write, so that streams live as long as they write.
 const (
 	// httpReadHeaderTimeout bounds the reading of a client's request
 	// headers.
@@ -103,15 +107,21 @@ func (s *httpServer) requestsInFlight() int {
 	return len(s.busy)
 }
 
-// startHTTP listens on addr and serves h until shutdown. name prefixes the
-// error ("serve", "router").
+// startHTTP listens on addr and serves h until shutdown, with the default
+// body read and write deadlines. name prefixes the error ("serve",
+// "router").
 func startHTTP(name, addr string, h http.Handler, log *slog.Logger) (*httpServer, error) {
+	return startHTTPLimits(name, addr, h, log, httplimit.DefaultLimits())
+}
+
+// startHTTPLimits is startHTTP with the deadlines of l.
+func startHTTPLimits(name, addr string, h http.Handler, log *slog.Logger, l httplimit.Limits) (*httpServer, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("%s: listen on %s: %w", name, addr, err)
 	}
 	s := &httpServer{
-		srv:  &http.Server{Handler: h, ReadHeaderTimeout: httpReadHeaderTimeout, IdleTimeout: httpIdleTimeout},
+		srv:  &http.Server{Handler: httplimit.Handler(h, l), ReadHeaderTimeout: httpReadHeaderTimeout, IdleTimeout: httpIdleTimeout},
 		addr: ln.Addr().String(),
 		done: make(chan struct{}),
 		busy: make(map[net.Conn]struct{}),

@@ -19,8 +19,11 @@ import (
 // Rescheduler defaults (contract §12).
 const (
 	DefaultReschedulingMaxRequests = 1
-	DefaultReschedulingTimeout     = time.Second
-	reschedulingHistory            = 50
+	// DefaultReschedulingTimeout is how long a migrate request waits for an
+	// engine's answer when --rescheduling-timeout is unset, cut to half of
+	// --rescheduling-interval when that is shorter.
+	DefaultReschedulingTimeout = time.Second
+	reschedulingHistory        = 50
 )
 
 // reschedOptions are the flags of cordons' and the rescheduler's part of
@@ -29,7 +32,10 @@ type reschedOptions struct {
 	interval    time.Duration // 0: off
 	maxRequests uint64
 	timeout     time.Duration
-	planner     resched.Config
+	// timeoutSet says the operator set --rescheduling-timeout: only then is
+	// a timeout not below the interval refused.
+	timeoutSet bool
+	planner    resched.Config
 }
 
 func defaultReschedOptions() reschedOptions {
@@ -46,7 +52,18 @@ func (o *serveOptions) reschedFlags(fs *flag.FlagSet) {
 		"decode_load moves work from workers above the model's mean KV usage + gap to workers below mean − gap")
 	fs.DurationVar(&r.planner.Cooldown, "rescheduling-cooldown", r.planner.Cooldown, "a worker rests this long after a migration")
 	fs.Uint64Var(&r.maxRequests, "rescheduling-max-requests", r.maxRequests, "running requests one migrate request asks an engine to cut")
-	fs.DurationVar(&r.timeout, "rescheduling-timeout", r.timeout, "wait this long for an engine's answer to a migrate request")
+	fs.Var(setDuration{&r.timeout, &r.timeoutSet}, "rescheduling-timeout",
+		"wait this long for an engine's answer to a migrate request (unset: 1s, or half of --rescheduling-interval when that is shorter)")
+}
+
+// effectiveTimeout is the migrate requests' timeout: the flag's value when
+// the operator set it, else the default cut to half the interval when that
+// is shorter (contract §12).
+func (r reschedOptions) effectiveTimeout() time.Duration {
+	if r.timeoutSet || r.interval <= 0 {
+		return r.timeout
+	}
+	return min(r.timeout, r.interval/2)
 }
 
 func (r reschedOptions) validate() []error {
@@ -60,11 +77,12 @@ func (r reschedOptions) validate() []error {
 	if r.maxRequests == 0 {
 		errs = append(errs, errors.New("serve: --rescheduling-max-requests must be at least 1"))
 	}
-	if r.timeout <= 0 {
-		errs = append(errs, fmt.Errorf("serve: --rescheduling-timeout %v must be positive", r.timeout))
+	timeout := r.effectiveTimeout()
+	if timeout <= 0 {
+		errs = append(errs, fmt.Errorf("serve: --rescheduling-timeout %v must be positive", timeout))
 	}
-	if r.interval > 0 && r.timeout >= r.interval {
-		errs = append(errs, fmt.Errorf("serve: --rescheduling-timeout %v must be below --rescheduling-interval %v", r.timeout, r.interval))
+	if r.interval > 0 && timeout >= r.interval {
+		errs = append(errs, fmt.Errorf("serve: --rescheduling-timeout %v must be below --rescheduling-interval %v", timeout, r.interval))
 	}
 	return errs
 }
@@ -155,7 +173,7 @@ func (svc *service) startRescheduler(o serveOptions) (func() any, error) {
 		return nil, err
 	}
 	d, err := dispatch.New(dispatch.Config{Conn: svc.nc, Prefix: o.monitor.SubjectPrefix, Interval: r.interval,
-		MaxRequests: r.maxRequests, Timeout: r.timeout, Planner: planner, Source: reschedSource{svc},
+		MaxRequests: r.maxRequests, Timeout: r.effectiveTimeout(), Planner: planner, Source: reschedSource{svc},
 		History: reschedulingHistory, Logger: svc.log.With("component", "rescheduler"), Registerer: svc.reg})
 	if err != nil {
 		return nil, err

@@ -20,6 +20,7 @@ import (
 	"github.com/workermon/workermon/board"
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/httplimit"
 	"github.com/workermon/workermon/internal/watchmetrics"
 	"github.com/workermon/workermon/natsconn"
 	"github.com/workermon/workermon/registry"
@@ -41,6 +42,7 @@ type routerOptions struct {
 	natsURL        string
 	nats           natsconn.Config
 	httpAddr       string
+	httpLimits     httplimit.Limits
 	router         router.Config
 	staleListAfter time.Duration
 	failOpen       bool
@@ -56,6 +58,7 @@ func defaultRouterOptions() routerOptions {
 		natsURL:        natsconn.DefaultURL,
 		nats:           natsconn.DefaultConfig(),
 		httpAddr:       DefaultRouterHTTPAddr,
+		httpLimits:     httplimit.DefaultLimits(),
 		router:         router.DefaultConfig(),
 		staleListAfter: busylist.DefaultStaleListAfter,
 		failOpen:       busylist.DefaultFailOpen,
@@ -282,7 +285,7 @@ func startRouter(o routerOptions, log *slog.Logger, reg *prometheus.Registry) (_
 	mux.HandleFunc("GET /healthz", healthz(svc.nc))
 	mountBoard(mux, svc.board)
 	mux.Handle("/", svc.router)
-	if svc.http, err = startHTTP("router", o.httpAddr, mux, log); err != nil {
+	if svc.http, err = startHTTPLimits("router", o.httpAddr, mux, log, o.httpLimits); err != nil {
 		return nil, err
 	}
 	svc.httpAddr = svc.http.addr

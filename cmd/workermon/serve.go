@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/workermon/workermon/busylist"
+	"github.com/workermon/workermon/internal/httplimit"
 	"github.com/workermon/workermon/monitor"
 	"github.com/workermon/workermon/natsconn"
 )
@@ -27,6 +28,7 @@ type serveOptions struct {
 	nats       natsconn.Config
 	embedded   natsconn.EmbeddedConfig
 	httpAddr   string
+	httpLimits httplimit.Limits
 	monitor    monitor.Config
 	writer     busylist.WriterConfig
 	replicas   int
@@ -47,6 +49,7 @@ func defaultServeOptions() serveOptions {
 		nats:           natsconn.DefaultConfig(),
 		embedded:       natsconn.DefaultEmbeddedConfig(),
 		httpAddr:       DefaultMonitorHTTPAddr,
+		httpLimits:     httplimit.DefaultLimits(),
 		monitor:        monitor.DefaultConfig(),
 		writer:         busylist.DefaultWriterConfig(),
 		replicas:       1,

@@ -232,7 +232,11 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 	mux.HandleFunc("GET /healthz", healthz(svc.nc, svc.intake.healthLines))
 	mux.HandleFunc("GET /readyz", svc.ready)
 	mux.HandleFunc("GET /partitions", svc.servePartitions)
-	if svc.http, err = startHTTP("serve", o.httpAddr, mux, log); err != nil {
+	// A wrong method on these is 405 with Allow, not the catch-all's 404.
+	for _, p := range []string{"/metrics", "/healthz", "/readyz", "/partitions"} {
+		mux.HandleFunc(p, api.MethodNotAllowed("GET, HEAD"))
+	}
+	if svc.http, err = startHTTPLimits("serve", o.httpAddr, mux, log, o.httpLimits); err != nil {
 		return nil, err
 	}
 	svc.httpAddr = svc.http.addr

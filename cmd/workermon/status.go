@@ -12,6 +12,7 @@ import (
 
 	"github.com/workermon/workermon/api"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/watch"
 )
 
 // statusMaxIDs is how many worker ids a cell of `workermon status` shows
@@ -114,7 +115,7 @@ func printStatus(w io.Writer, records []api.Record) error {
 		if r.AllBusy {
 			allBusy = "YES"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Model, allBusy, idList(r.Busy, r.Reasons), idList(r.Hard, nil),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", watch.QuoteModel(r.Model), allBusy, idList(r.Busy, r.Reasons), idList(r.Hard, nil),
 			idList(r.Free, nil), idList(r.Amber, nil), idList(r.Stale, nil), thresholdsCell(r.Thresholds))
 	}
 	return tw.Flush()

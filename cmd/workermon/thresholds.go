@@ -14,6 +14,7 @@ import (
 
 	"github.com/workermon/workermon/api"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/watch"
 )
 
 // Defaults of the operator commands (`thresholds`, `status`).
@@ -183,7 +184,7 @@ func printThresholds(w io.Writer, rows []api.ModelThresholds) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "MODEL\tDECODE_BLOCKS\tPREFILL_TOKENS\tPREFILL_FRAC")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Model, fmtFloat(r.ActiveDecodeBlocks), fmtUint(r.ActivePrefillTokens),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", watch.QuoteModel(r.Model), fmtFloat(r.ActiveDecodeBlocks), fmtUint(r.ActivePrefillTokens),
 			fmtFloat(r.ActivePrefillTokensFrac))
 	}
 	return tw.Flush()
