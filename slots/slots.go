@@ -18,6 +18,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"math"
 	"slices"
@@ -155,6 +156,25 @@ type Worker struct {
 	BlockSize uint32 `json:"block_size"`
 	DPStart   uint32 `json:"dp_start"`
 	DPSize    uint32 `json:"dp_size"`
+}
+
+// ranks yields the worker's ranks in order. A range may end at 2^32
+// (rank 4294967295 is legal, contract §3): the walk counts dp_size ranks,
+// so it never wraps to rank 0. The range must not pass 2^32 (Register
+// refuses it).
+func (w Worker) ranks() iter.Seq[uint32] {
+	return func(yield func(uint32) bool) {
+		for i := range w.DPSize {
+			if !yield(w.DPStart + i) {
+				return
+			}
+		}
+	}
+}
+
+// has reports whether r is one of the worker's ranks.
+func (w Worker) has(r uint32) bool {
+	return r >= w.DPStart && uint64(r) < uint64(w.DPStart)+uint64(w.DPSize)
 }
 
 // Load is one rank's current load.
@@ -377,7 +397,8 @@ func (t *Tracker) Register(w Worker) error {
 	case w.DPSize > MaxRanks:
 		return fmt.Errorf("dp_size %d is above %d: %w", w.DPSize, MaxRanks, ErrInvalid)
 	case uint64(w.DPStart)+uint64(w.DPSize) > math.MaxUint32+1:
-		return fmt.Errorf("dp_start %d + dp_size %d overflows: %w", w.DPStart, w.DPSize, ErrInvalid)
+		return fmt.Errorf("dp_start %d + dp_size %d overflows: a range may end at 2^32, never past it: %w",
+			w.DPStart, w.DPSize, ErrInvalid)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -413,8 +434,8 @@ func (t *Tracker) Register(w Worker) error {
 	t.trackers[k] = tr
 	tr.blockSize = w.BlockSize
 	if replacing {
-		for r := old.DPStart; uint64(r) < uint64(old.DPStart)+uint64(old.DPSize); r++ {
-			if r < w.DPStart || uint64(r) >= uint64(w.DPStart)+uint64(w.DPSize) {
+		for r := range old.ranks() {
+			if !w.has(r) {
 				t.dropRank(tr, rankKey{w.WorkerID, r})
 			}
 		}
@@ -422,7 +443,7 @@ func (t *Tracker) Register(w Worker) error {
 		t.workers++
 	}
 	tr.workers[w.WorkerID] = w
-	for r := w.DPStart; uint64(r) < uint64(w.DPStart)+uint64(w.DPSize); r++ {
+	for r := range w.ranks() {
 		rk := rankKey{w.WorkerID, r}
 		if tr.ranks[rk] == nil {
 			tr.ranks[rk] = &rank{blocks: make(map[uint64]uint32)}
@@ -467,7 +488,7 @@ func (t *Tracker) Unregister(model, tenant string, worker uint64) error {
 	if !ok {
 		return fmt.Errorf("worker %d is not registered for model %q tenant %q: %w", worker, model, tenant, ErrNotFound)
 	}
-	for r := w.DPStart; uint64(r) < uint64(w.DPStart)+uint64(w.DPSize); r++ {
+	for r := range w.ranks() {
 		t.dropRank(tr, rankKey{worker, r})
 	}
 	delete(tr.workers, worker)
@@ -564,7 +585,7 @@ func leastLoaded(tr *tracker, w Worker, hashes []uint64) (rankKey, *rank, Potent
 	var best *rank
 	var bestKey rankKey
 	var p Potential
-	for r := w.DPStart; uint64(r) < uint64(w.DPStart)+uint64(w.DPSize); r++ {
+	for r := range w.ranks() {
 		rk := rankKey{w.WorkerID, r}
 		rs := tr.ranks[rk]
 		if rs == nil {
