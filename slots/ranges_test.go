@@ -1,7 +1,10 @@
 package slots
 
 import (
+	"fmt"
+	"maps"
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -65,5 +68,89 @@ func TestRangeEndingAt2To32(t *testing.T) {
 	}
 	if s := tr.Stats(); s.Workers != 0 || s.Ranks != 0 {
 		t.Errorf("a range past 2^32 left %+v", s)
+	}
+}
+
+// checkIndex checks the tracker's per-rank request lists: every active
+// request is on its rank's list once, nothing else is, and a rank's
+// prefill tokens and blocks are those of its listed requests.
+func checkIndex(t *testing.T, tr *Tracker) {
+	t.Helper()
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	total := 0
+	for _, trk := range tr.trackers {
+		listed := 0
+		for rk, rs := range trk.ranks {
+			var prefill uint64
+			blocks := map[uint64]uint32{}
+			var prev *request
+			for r := rs.requests; r != nil; prev, r = r, r.next {
+				if r.prev != prev || r.freed || r.at != rk || trk.requests[r.id] != r {
+					t.Fatalf("rank %+v lists request %q wrongly (at %+v, freed %v)", rk, r.id, r.at, r.freed)
+				}
+				prefill += r.prefill
+				for _, h := range r.hashes {
+					blocks[h]++
+				}
+				listed++
+			}
+			if prefill != rs.prefill || !maps.Equal(blocks, rs.blocks) {
+				t.Fatalf("rank %+v: prefill %d, blocks %v; its listed requests make %d, %v", rk, rs.prefill, rs.blocks, prefill, blocks)
+			}
+		}
+		if listed != len(trk.requests) {
+			t.Fatalf("%d requests listed by rank, %d active", listed, len(trk.requests))
+		}
+		total += listed
+	}
+	if total != tr.requests {
+		t.Fatalf("%d requests listed, %d counted", total, tr.requests)
+	}
+}
+
+// TestRequestsIndexedByRank: through random adds, frees, prefill
+// completions, expiries, moved ranges and unregistrations, each rank lists
+// exactly its active requests (issue 23 item 20: a rank is dropped by
+// walking its own requests; BenchmarkUnregister shows the cost).
+func TestRequestsIndexedByRank(t *testing.T) {
+	t.Parallel()
+	tr, c := newTracker(t, func(c *Config) { c.RequestTTL = time.Minute })
+	rng := rand.New(rand.NewPCG(1, 2))
+	next := 0
+	for step := range 5000 {
+		worker := uint64(rng.IntN(4))
+		switch op := rng.IntN(10); {
+		case op == 0:
+			start := uint32(rng.IntN(4))
+			if rng.IntN(4) == 0 {
+				start = math.MaxUint32 - 3
+			}
+			must(t, tr.Register(Worker{WorkerID: worker, Model: "m", BlockSize: 16, DPStart: start, DPSize: uint32(1 + rng.IntN(4))}))
+		case op == 1 && rng.IntN(4) == 0:
+			_ = tr.Unregister("m", "", worker)
+		case op <= 5:
+			next++
+			hashes := []uint64{uint64(rng.IntN(8)), uint64(rng.IntN(8))}
+			_, _ = tr.AddLeastLoaded(Request{Model: "m", ID: fmt.Sprint(next), WorkerID: worker, Hashes: hashes,
+				NewISLTokens: uint64(rng.IntN(100))})
+		case op <= 7:
+			_ = tr.Free("m", "", fmt.Sprint(rng.IntN(next+1)))
+		case op == 8:
+			_ = tr.PrefillComplete("m", "", fmt.Sprint(rng.IntN(next+1)))
+		default:
+			c.t = c.t.Add(time.Duration(rng.IntN(10)) * time.Second)
+		}
+		if step%10 == 0 {
+			checkIndex(t, tr)
+		}
+	}
+	checkIndex(t, tr)
+	for w := range uint64(4) {
+		_ = tr.Unregister("m", "", w)
+	}
+	checkIndex(t, tr)
+	if s := tr.Stats(); s.Requests != 0 || s.Blocks != 0 || s.Ranks != 0 {
+		t.Errorf("after unregistering every worker: %+v", s)
 	}
 }

@@ -227,17 +227,44 @@ type rankKey struct {
 type rank struct {
 	blocks  map[uint64]uint32 // distinct block hashes of the active requests, with reference counts
 	prefill uint64            // new_isl_tokens of the requests not yet prefill-complete
+	// requests are the rank's active requests, linked through their prev
+	// and next: dropping a rank (an unregistration, a moved range) walks
+	// its own requests, not every request of the tracker.
+	requests *request
+}
+
+// link adds an active request to the rank's list.
+func (rs *rank) link(r *request) {
+	r.prev, r.next = nil, rs.requests
+	if rs.requests != nil {
+		rs.requests.prev = r
+	}
+	rs.requests = r
+}
+
+// unlink removes an active request from the rank's list.
+func (rs *rank) unlink(r *request) {
+	if r.prev != nil {
+		r.prev.next = r.next
+	} else {
+		rs.requests = r.next
+	}
+	if r.next != nil {
+		r.next.prev = r.prev
+	}
+	r.prev, r.next = nil, nil
 }
 
 // request is an active request.
 type request struct {
-	id      string
-	tracker *tracker
-	at      rankKey
-	hashes  []uint64 // distinct
-	prefill uint64   // 0 once prefill-complete
-	added   time.Time
-	freed   bool
+	id         string
+	tracker    *tracker
+	at         rankKey
+	hashes     []uint64 // distinct
+	prefill    uint64   // 0 once prefill-complete
+	added      time.Time
+	freed      bool
+	prev, next *request // the other active requests of its rank
 }
 
 // tracker is one (model, tenant).
@@ -456,20 +483,22 @@ func (t *Tracker) Register(w Worker) error {
 
 // dropRank removes a rank and its requests.
 func (t *Tracker) dropRank(tr *tracker, rk rankKey) {
-	for id, req := range tr.requests {
-		if req.at == rk {
-			req.freed = true
-			delete(tr.requests, id)
-			t.requests--
-			t.blocks -= len(req.hashes)
-		}
+	rs := tr.ranks[rk]
+	if rs == nil {
+		return
 	}
-	if rs := tr.ranks[rk]; rs != nil {
-		for h := range rs.blocks {
-			tr.release(h, rk)
-		}
-		t.ranks--
+	for rs.requests != nil {
+		req := rs.requests
+		rs.unlink(req)
+		req.freed = true
+		delete(tr.requests, req.id)
+		t.requests--
+		t.blocks -= len(req.hashes)
 	}
+	for h := range rs.blocks {
+		tr.release(h, rk)
+	}
+	t.ranks--
 	delete(tr.ranks, rk)
 	tr.stale = true
 }
@@ -651,6 +680,7 @@ func (t *Tracker) add(tr *tracker, rk rankKey, rs *rank, req Request) error {
 		}
 	}
 	rs.prefill += r.prefill
+	rs.link(r)
 	tr.requests[req.ID] = r
 	t.requests++
 	t.blocks += len(hashes)
@@ -739,6 +769,7 @@ func (t *Tracker) free(r *request) {
 			}
 		}
 		rs.prefill -= r.prefill
+		rs.unlink(r)
 	}
 	r.freed = true
 	delete(tr.requests, r.id)
