@@ -82,14 +82,14 @@ func checkIndex(t *testing.T, tr *Tracker) {
 	for _, trk := range tr.trackers {
 		listed := 0
 		for rk, rs := range trk.ranks {
-			var prefill uint64
+			var prefill tokens
 			blocks := map[uint64]uint32{}
 			var prev *request
 			for r := rs.requests; r != nil; prev, r = r, r.next {
 				if r.prev != prev || r.freed || r.at != rk || trk.requests[r.id] != r {
 					t.Fatalf("rank %+v lists request %q wrongly (at %+v, freed %v)", rk, r.id, r.at, r.freed)
 				}
-				prefill += r.prefill
+				prefill.add(r.prefill)
 				for _, h := range r.hashes {
 					blocks[h]++
 				}

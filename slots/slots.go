@@ -21,6 +21,7 @@ import (
 	"iter"
 	"maps"
 	"math"
+	"math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -226,11 +227,46 @@ type rankKey struct {
 // rank is the state of one (worker, dp_rank).
 type rank struct {
 	blocks  map[uint64]uint32 // distinct block hashes of the active requests, with reference counts
-	prefill uint64            // new_isl_tokens of the requests not yet prefill-complete
+	prefill tokens            // new_isl_tokens of the requests not yet prefill-complete
 	// requests are the rank's active requests, linked through their prev
 	// and next: dropping a rank (an unregistration, a moved range) walks
 	// its own requests, not every request of the tracker.
 	requests *request
+}
+
+// tokens is a sum of token counts that never wraps: exact in 128 bits (a
+// million requests of 2^64-1 tokens cannot pass it), so that the tokens of
+// a request that leaves come off exactly, and read saturated at 2^64-1.
+type tokens struct{ hi, lo uint64 }
+
+func (s *tokens) add(n uint64) {
+	var carry uint64
+	s.lo, carry = bits.Add64(s.lo, n, 0)
+	s.hi += carry
+}
+
+func (s *tokens) sub(n uint64) {
+	var borrow uint64
+	s.lo, borrow = bits.Sub64(s.lo, n, 0)
+	s.hi -= borrow
+}
+
+// value is the sum, or 2^64-1 when it is larger.
+func (s tokens) value() uint64 {
+	if s.hi != 0 {
+		return math.MaxUint64
+	}
+	return s.lo
+}
+
+// SaturatingAdd returns a + b, or 2^64-1 when the sum is larger: loads
+// (tokens, blocks) are summed without wrapping (a sum that wrapped would
+// show a loaded rank as idle).
+func SaturatingAdd(a, b uint64) uint64 {
+	if s := a + b; s >= a {
+		return s
+	}
+	return math.MaxUint64
 }
 
 // link adds an active request to the rank's list.
@@ -626,9 +662,10 @@ func leastLoaded(tr *tracker, w Worker, hashes []uint64) (rankKey, *rank, Potent
 				blocks++
 			}
 		}
-		if best == nil || rs.prefill < p.PotentialPrefillTokens || rs.prefill == p.PotentialPrefillTokens && blocks < p.PotentialDecodeBlocks {
+		prefill := rs.prefill.value()
+		if best == nil || prefill < p.PotentialPrefillTokens || prefill == p.PotentialPrefillTokens && blocks < p.PotentialDecodeBlocks {
 			best, bestKey = rs, rk
-			p = Potential{WorkerID: w.WorkerID, DPRank: r, PotentialPrefillTokens: rs.prefill, PotentialDecodeBlocks: blocks}
+			p = Potential{WorkerID: w.WorkerID, DPRank: r, PotentialPrefillTokens: prefill, PotentialDecodeBlocks: blocks}
 		}
 	}
 	return bestKey, best, p, best != nil
@@ -656,7 +693,7 @@ func (t *Tracker) WorkerPotential(model, tenant string, worker uint64, hashes []
 		return Potential{}, false
 	}
 	_, _, p, ok = leastLoaded(tr, w, hashes)
-	p.PotentialPrefillTokens += newISL
+	p.PotentialPrefillTokens = SaturatingAdd(p.PotentialPrefillTokens, newISL)
 	return p, ok
 }
 
@@ -679,7 +716,7 @@ func (t *Tracker) add(tr *tracker, rk rankKey, rs *rank, req Request) error {
 			tr.hold(h, rk)
 		}
 	}
-	rs.prefill += r.prefill
+	rs.prefill.add(r.prefill)
 	rs.link(r)
 	tr.requests[req.ID] = r
 	t.requests++
@@ -725,7 +762,7 @@ func (t *Tracker) PrefillComplete(model, tenant, id string) error {
 	if r == nil {
 		return fmt.Errorf("request %q is not active: %w", id, ErrNotFound)
 	}
-	tr.ranks[r.at].prefill -= r.prefill
+	tr.ranks[r.at].prefill.sub(r.prefill)
 	r.prefill = 0
 	return nil
 }
@@ -768,7 +805,7 @@ func (t *Tracker) free(r *request) {
 				rs.blocks[h]--
 			}
 		}
-		rs.prefill -= r.prefill
+		rs.prefill.sub(r.prefill)
 		rs.unlink(r)
 	}
 	r.freed = true
@@ -811,7 +848,7 @@ func (t *Tracker) Loads(model, tenant string) []Load {
 		}
 		for rk, rs := range tr.ranks {
 			out = append(out, Load{Model: k.model, Tenant: k.tenant, WorkerID: rk.worker, DPRank: rk.rank,
-				ActivePrefillTokens: rs.prefill, ActiveDecodeBlocks: uint64(len(rs.blocks))})
+				ActivePrefillTokens: rs.prefill.value(), ActiveDecodeBlocks: uint64(len(rs.blocks))})
 		}
 	}
 	slices.SortFunc(out, func(a, b Load) int {
@@ -855,7 +892,7 @@ func (t *Tracker) PotentialLoads(model, tenant string, hashes []uint64, newISL u
 	}
 	out := make([]Potential, 0, len(tr.ranks))
 	for _, r := range tr.sorted() {
-		out = append(out, Potential{WorkerID: r.key.worker, DPRank: r.key.rank, PotentialPrefillTokens: r.prefill + newISL,
+		out = append(out, Potential{WorkerID: r.key.worker, DPRank: r.key.rank, PotentialPrefillTokens: SaturatingAdd(r.prefill.value(), newISL),
 			PotentialDecodeBlocks: uint64(len(r.blocks)) + uint64(len(own)) - shared[r.key]})
 	}
 	return out, nil

@@ -66,3 +66,37 @@ func TestRegisterRangeEndingAt2To32(t *testing.T) {
 		t.Errorf("left %+v", s)
 	}
 }
+
+// TestAddSaturates: /add with new_isl_tokens 2^64-1 then 2 leaves
+// active_prefill_tokens at 2^64-1 (it wrapped to 1; issue 23 item 23).
+func TestAddSaturates(t *testing.T) {
+	t.Parallel()
+	tr, err := slots.New(slots.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(Handler(tr))
+	t.Cleanup(srv.Close)
+	for _, step := range []struct {
+		method, path, body string
+		status             int
+		want               string
+	}{
+		{"POST", "/register", `{"worker_id":1,"model_name":"m","block_size":16,"dp_size":1}`, 201, `{"status":"ok"}`},
+		{"POST", "/add", `{"model_name":"m","request_id":"a","worker_id":1,"sequence_hashes":[],"new_isl_tokens":18446744073709551615}`, 201, `{"status":"ok"}`},
+		{"POST", "/add", `{"model_name":"m","request_id":"b","worker_id":1,"sequence_hashes":[],"new_isl_tokens":2}`, 201, `{"status":"ok"}`},
+		{"GET", "/loads", "", 200, `"active_prefill_tokens":18446744073709551615,`},
+		{"POST", "/potential_loads", `{"model_name":"m","new_isl_tokens":7}`, 200, `"potential_prefill_tokens":18446744073709551615,`},
+	} {
+		req, _ := http.NewRequestWithContext(t.Context(), step.method, srv.URL+step.path, strings.NewReader(step.body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != step.status || !strings.Contains(string(b), step.want) {
+			t.Errorf("%s %s %s: %d %s, want %d with %s", step.method, step.path, step.body, resp.StatusCode, b, step.status, step.want)
+		}
+	}
+}

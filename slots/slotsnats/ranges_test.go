@@ -144,3 +144,43 @@ func TestSyncRangeEndingAt2To32(t *testing.T) {
 		}
 	}
 }
+
+// TestEstimatesSaturate: a rank's estimate, summed over tenants, stops at
+// 2^64-1 instead of wrapping (issue 23 item 23).
+func TestEstimatesSaturate(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, natstest.Options(t))
+	nc, obs := natstest.Connect(t, srv), natstest.Connect(t, srv)
+	ests := make(chan events.LoadReport, 64)
+	sub, err := obs.Subscribe("wm.est.>", func(m *nats.Msg) {
+		if r, err := events.DecodeLoadReport(m.Data); err == nil {
+			select {
+			case ests <- r:
+			default:
+			}
+		}
+	})
+	must(t, err)
+	defer sub.Unsubscribe()
+	must(t, obs.Flush())
+	tr := newTracker(t)
+	for _, tenant := range []string{"t1", "t2"} {
+		must(t, tr.Register(slots.Worker{WorkerID: 7, Model: "m", Tenant: tenant, BlockSize: 16, DPSize: 1}))
+		must(t, tr.Add(slots.Request{Model: "m", Tenant: tenant, ID: "a", WorkerID: 7, Hashes: []uint64{1}, NewISLTokens: math.MaxUint64}))
+	}
+	run(t, func(ctx context.Context) {
+		cfg := slotsnats.DefaultEstimatesConfig()
+		cfg.Conn, cfg.Tracker, cfg.ID, cfg.SubjectPrefix, cfg.Every = nc, tr, "r1", "wm", 10*time.Millisecond
+		if err := slotsnats.Estimates(ctx, cfg); err != nil {
+			t.Errorf("Estimates: %v", err)
+		}
+	})
+	select {
+	case r := <-ests:
+		if r.ActivePrefillTokens != events.Some(math.MaxUint64) || r.ActiveDecodeBlocks != events.Some(2) {
+			t.Errorf("estimate %+v, want 2^64-1 prefill tokens and 2 blocks", r)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("no estimate within 15s")
+	}
+}
