@@ -388,6 +388,7 @@ type Tracker struct {
 
 	mu       sync.Mutex
 	trackers map[key]*tracker
+	keys     []key // of trackers, sorted; nil after a tracker came or went
 	workers  int
 	ranks    int
 	requests int
@@ -494,7 +495,10 @@ func (t *Tracker) Register(w Worker) error {
 		return t.refuse(RejectedRanks, fmt.Errorf("%d ranks registered, %d with dp_size %d: above the cap of %d: %w",
 			t.ranks, ranks, w.DPSize, t.cfg.MaxTotalRanks, ErrLimit))
 	}
-	t.trackers[k] = tr
+	if _, ok := t.trackers[k]; !ok {
+		t.trackers[k] = tr
+		t.keys = nil
+	}
 	tr.blockSize = w.BlockSize
 	if replacing {
 		for r := range old.ranks() {
@@ -560,6 +564,7 @@ func (t *Tracker) Unregister(model, tenant string, worker uint64) error {
 	t.workers--
 	if len(tr.workers) == 0 {
 		delete(t.trackers, tr.key)
+		t.keys = nil
 	}
 	return nil
 }
@@ -833,29 +838,6 @@ func (t *Tracker) expire() {
 	if len(t.byAge) > 1024 && len(t.byAge) > 2*t.requests {
 		t.byAge = slices.DeleteFunc(t.byAge, func(r *request) bool { return r.freed })
 	}
-}
-
-// Loads lists every registered rank's load, filtered by model and tenant
-// when they are not empty, sorted by (model, tenant, worker id, rank).
-func (t *Tracker) Loads(model, tenant string) []Load {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.expire()
-	out := []Load{}
-	for k, tr := range t.trackers {
-		if !k.matches(model, tenant) {
-			continue
-		}
-		for rk, rs := range tr.ranks {
-			out = append(out, Load{Model: k.model, Tenant: k.tenant, WorkerID: rk.worker, DPRank: rk.rank,
-				ActivePrefillTokens: rs.prefill.value(), ActiveDecodeBlocks: uint64(len(rs.blocks))})
-		}
-	}
-	slices.SortFunc(out, func(a, b Load) int {
-		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Tenant, b.Tenant),
-			cmp.Compare(a.WorkerID, b.WorkerID), cmp.Compare(a.DPRank, b.DPRank))
-	})
-	return out
 }
 
 // PotentialLoads projects adding a request with these block hashes and

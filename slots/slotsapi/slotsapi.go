@@ -212,9 +212,79 @@ func byRequest(op func(model, tenant, id string) error) http.HandlerFunc {
 	}
 }
 
+// Bounds of a streamed GET /loads.
+const (
+	// loadsPage is how many ranks are copied from the tracker at a time.
+	loadsPage = 256
+	// loadsFlush is how many bytes are encoded before they are written.
+	loadsFlush = 32 << 10
+)
+
+// loads answers GET /loads streamed: a page of ranks at a time is copied
+// from the tracker (its lock held for the copy only), encoded and written,
+// so that a client that reads slowly holds about loadsFlush bytes and a
+// page, never the whole answer (tens of MB at the caps). The bytes are
+// encoding/json's (TestLoadsStreamed); a listing that changes while it is
+// written may miss a rank that came or list one that went.
 func (h *handler) loads(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	writeJSON(w, http.StatusOK, h.tr.Loads(q.Get("model_name"), q.Get("tenant_id")))
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return
+	}
+	bp := buffers.Get().(*[]byte)
+	buf := append((*bp)[:0], '[')
+	var enc loadEncoder
+	first := true
+	for page := range h.tr.LoadPages(q.Get("model_name"), q.Get("tenant_id"), loadsPage) {
+		for _, l := range page {
+			if !first {
+				buf = append(buf, ',')
+			}
+			first = false
+			buf = enc.append(buf, l)
+			if len(buf) >= loadsFlush {
+				if _, err := w.Write(buf); err != nil {
+					return
+				}
+				buf = buf[:0]
+			}
+		}
+	}
+	buf = append(buf, ']', '\n')
+	_, _ = w.Write(buf)
+	if cap(buf) <= maxPooledBuffer {
+		*bp = buf
+		buffers.Put(bp)
+	}
+}
+
+// loadEncoder appends loads as encoding/json's Encoder writes a
+// slots.Load; the names' encoding is kept while they repeat (the rows of
+// one model and tenant).
+type loadEncoder struct {
+	model, tenant string
+	prefix        []byte // {"model_name":...,"tenant_id":...,"worker_id":
+}
+
+func (e *loadEncoder) append(buf []byte, l slots.Load) []byte {
+	if e.prefix == nil || l.Model != e.model || l.Tenant != e.tenant {
+		m, _ := json.Marshal(l.Model)
+		t, _ := json.Marshal(l.Tenant)
+		e.prefix = append(append(append(append(append(e.prefix[:0], `{"model_name":`...), m...), `,"tenant_id":`...), t...),
+			`,"worker_id":`...)
+		e.model, e.tenant = l.Model, l.Tenant
+	}
+	buf = append(buf, e.prefix...)
+	buf = strconv.AppendUint(buf, l.WorkerID, 10)
+	buf = append(buf, `,"dp_rank":`...)
+	buf = strconv.AppendUint(buf, uint64(l.DPRank), 10)
+	buf = append(buf, `,"active_prefill_tokens":`...)
+	buf = strconv.AppendUint(buf, l.ActivePrefillTokens, 10)
+	buf = append(buf, `,"active_decode_blocks":`...)
+	buf = strconv.AppendUint(buf, l.ActiveDecodeBlocks, 10)
+	return append(buf, '}')
 }
 
 type potentialBody struct {

@@ -1,0 +1,108 @@
+package slots
+
+import (
+	"cmp"
+	"iter"
+	"maps"
+	"slices"
+)
+
+// This file lists the ranks' loads: at once (Loads) or a page at a time
+// (LoadPages), both sorted by (model, tenant, worker id, rank).
+
+// compareKeys orders trackers by (model, tenant).
+func compareKeys(a, b key) int {
+	return cmp.Or(cmp.Compare(a.model, b.model), cmp.Compare(a.tenant, b.tenant))
+}
+
+// compareRanks orders ranks by (worker, rank).
+func compareRanks(a, b rankKey) int {
+	return cmp.Or(cmp.Compare(a.worker, b.worker), cmp.Compare(a.rank, b.rank))
+}
+
+// sortedKeys returns the trackers' keys sorted by (model, tenant), rebuilt
+// after a tracker came or went. t.mu is held.
+func (t *Tracker) sortedKeys() []key {
+	if t.keys == nil && len(t.trackers) > 0 {
+		t.keys = slices.SortedFunc(maps.Keys(t.trackers), compareKeys)
+	}
+	return t.keys
+}
+
+// loadCursor is where a listing of loads stopped: at the rank at of the
+// tracker k, once started.
+type loadCursor struct {
+	k       key
+	at      rankKey
+	started bool
+}
+
+// appendLoads appends the loads after c to dst, in order, at most limit
+// of them (limit < 1: all), and moves c to the last one. t.mu is held.
+func (t *Tracker) appendLoads(dst []Load, model, tenant string, c *loadCursor, limit int) []Load {
+	keys := t.sortedKeys()
+	i := 0
+	if c.started {
+		// The cursor's tracker, or the one after it when it went.
+		i, _ = slices.BinarySearchFunc(keys, c.k, compareKeys)
+	}
+	n := 0
+	for ; i < len(keys); i++ {
+		k := keys[i]
+		if !k.matches(model, tenant) {
+			continue
+		}
+		ranks := t.trackers[k].sorted()
+		j := 0
+		if c.started && k == c.k {
+			var found bool
+			j, found = slices.BinarySearchFunc(ranks, c.at, func(r rankRef, at rankKey) int { return compareRanks(r.key, at) })
+			if found {
+				j++
+			}
+		}
+		for _, r := range ranks[j:] {
+			if limit > 0 && n == limit {
+				return dst
+			}
+			dst = append(dst, Load{Model: k.model, Tenant: k.tenant, WorkerID: r.key.worker, DPRank: r.key.rank,
+				ActivePrefillTokens: r.prefill.value(), ActiveDecodeBlocks: uint64(len(r.blocks))})
+			c.k, c.at, c.started = k, r.key, true
+			n++
+		}
+	}
+	return dst
+}
+
+// Loads lists every registered rank's load, filtered by model and tenant
+// when they are not empty, sorted by (model, tenant, worker id, rank).
+func (t *Tracker) Loads(model, tenant string) []Load {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expire()
+	return t.appendLoads([]Load{}, model, tenant, &loadCursor{}, 0)
+}
+
+// LoadPages yields what Loads lists, in the same order, at most size loads
+// at a time (size < 1: one). The tracker is locked only while a page is
+// copied, never while the caller handles it: a listing of many ranks
+// written to a slow reader holds neither the lock nor more than a page of
+// memory. Each page is one moment's view; the listing as a whole is not (a
+// rank registered or dropped between two pages may be missing or
+// listed). The page's slice is reused: it is valid until the loop goes on.
+func (t *Tracker) LoadPages(model, tenant string, size int) iter.Seq[[]Load] {
+	size = max(size, 1)
+	return func(yield func([]Load) bool) {
+		var c loadCursor
+		page := make([]Load, 0, size)
+		for {
+			t.mu.Lock()
+			t.expire()
+			page = t.appendLoads(page[:0], model, tenant, &c, size)
+			t.mu.Unlock()
+			if len(page) == 0 || !yield(page) || len(page) < size {
+				return
+			}
+		}
+	}
+}
