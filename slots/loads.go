@@ -4,11 +4,13 @@ import (
 	"cmp"
 	"iter"
 	"maps"
+	"math"
 	"slices"
 )
 
-// This file lists the ranks' loads: at once (Loads) or a page at a time
-// (LoadPages), both sorted by (model, tenant, worker id, rank).
+// This file lists the ranks' loads and the workers: at once (Loads,
+// Workers) or a page at a time (LoadPages, WorkerPages), sorted by (model,
+// tenant, worker id, rank).
 
 // compareKeys orders trackers by (model, tenant).
 func compareKeys(a, b key) int {
@@ -99,6 +101,85 @@ func (t *Tracker) LoadPages(model, tenant string, size int) iter.Seq[[]Load] {
 			t.mu.Lock()
 			t.expire()
 			page = t.appendLoads(page[:0], model, tenant, &c, size)
+			t.mu.Unlock()
+			if len(page) == 0 || !yield(page) || len(page) < size {
+				return
+			}
+		}
+	}
+}
+
+// workerCursor is where a listing of workers stopped: at the worker id of
+// the tracker k, once started.
+type workerCursor struct {
+	k       key
+	id      uint64
+	started bool
+}
+
+// appendWorkers appends the workers after c to dst, in order, at most
+// limit of them (limit < 1: all), and moves c to the last one. A tracker's
+// workers are found in order through its sorted ranks (every worker has
+// its ranks there), a binary search a worker. t.mu is held.
+func (t *Tracker) appendWorkers(dst []Worker, model, tenant string, c *workerCursor, limit int) []Worker {
+	keys := t.sortedKeys()
+	i := 0
+	if c.started {
+		i, _ = slices.BinarySearchFunc(keys, c.k, compareKeys)
+	}
+	n := 0
+	for ; i < len(keys); i++ {
+		k := keys[i]
+		if !k.matches(model, tenant) {
+			continue
+		}
+		tr := t.trackers[k]
+		ranks := tr.sorted()
+		j := 0
+		if c.started && k == c.k {
+			if c.id == math.MaxUint64 {
+				continue
+			}
+			j, _ = slices.BinarySearchFunc(ranks, rankKey{c.id + 1, 0}, func(r rankRef, at rankKey) int { return compareRanks(r.key, at) })
+		}
+		for j < len(ranks) {
+			if limit > 0 && n == limit {
+				return dst
+			}
+			id := ranks[j].key.worker
+			dst = append(dst, tr.workers[id])
+			c.k, c.id, c.started = k, id, true
+			n++
+			if id == math.MaxUint64 {
+				break
+			}
+			next, _ := slices.BinarySearchFunc(ranks[j:], rankKey{id + 1, 0}, func(r rankRef, at rankKey) int { return compareRanks(r.key, at) })
+			j += next
+		}
+	}
+	return dst
+}
+
+// Workers lists the registrations, filtered by model and tenant when they
+// are not empty, sorted by (model, tenant, worker id).
+func (t *Tracker) Workers(model, tenant string) []Worker {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.appendWorkers([]Worker{}, model, tenant, &workerCursor{}, 0)
+}
+
+// WorkerPages yields what Workers lists, in the same order, at most size
+// workers at a time (size < 1: one), as LoadPages does the loads: the
+// tracker is locked only while a page is copied, each page is one moment's
+// view, and the page's slice is valid until the loop goes on.
+func (t *Tracker) WorkerPages(model, tenant string, size int) iter.Seq[[]Worker] {
+	size = max(size, 1)
+	return func(yield func([]Worker) bool) {
+		var c workerCursor
+		page := make([]Worker, 0, size)
+		for {
+			t.mu.Lock()
+			page = t.appendWorkers(page[:0], model, tenant, &c, size)
 			t.mu.Unlock()
 			if len(page) == 0 || !yield(page) || len(page) < size {
 				return

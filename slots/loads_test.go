@@ -2,6 +2,7 @@ package slots
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 )
@@ -56,5 +57,43 @@ func TestLoadPages(t *testing.T) {
 	want = append(want, tr.Loads("c", "")...)
 	if !slices.Equal(got, want) {
 		t.Errorf("listing across removals:\n%v\nwant\n%v", fmt.Sprint(got), fmt.Sprint(want))
+	}
+}
+
+// TestWorkerPages: the pages of any size, filtered or not, are the
+// workers sorted by (model, tenant, worker id), the largest worker id
+// included.
+func TestWorkerPages(t *testing.T) {
+	t.Parallel()
+	tr, _ := newTracker(t, nil)
+	var want []Worker
+	for _, m := range []string{"a", "b"} {
+		for _, tenant := range []string{"default", "t1"} {
+			for _, id := range []uint64{0, 5, 6, math.MaxUint64} {
+				w := Worker{WorkerID: id, Model: m, Tenant: tenant, BlockSize: 16, DPStart: uint32(id % 7), DPSize: uint32(1 + id%3)}
+				want = append(want, w)
+			}
+		}
+	}
+	for _, i := range []int{9, 3, 14, 0, 7, 1, 15, 12, 2, 5, 8, 10, 4, 6, 11, 13} {
+		must(t, tr.Register(want[i]))
+	}
+	if got := tr.Workers("", ""); !slices.Equal(got, want) {
+		t.Fatalf("workers %v, want %v", got, want)
+	}
+	collect := func(model, tenant string, size int) []Worker {
+		out := []Worker{}
+		for page := range tr.WorkerPages(model, tenant, size) {
+			out = append(out, page...)
+		}
+		return out
+	}
+	for _, f := range [][2]string{{"", ""}, {"a", ""}, {"", "t1"}, {"b", "default"}, {"z", ""}} {
+		want := tr.Workers(f[0], f[1])
+		for _, size := range []int{0, 1, 2, 3, 4, 5, 15, 16, 17} {
+			if got := collect(f[0], f[1], size); !slices.Equal(got, want) {
+				t.Errorf("filter %q, pages of %d: %v, want %v", f, size, got, want)
+			}
+		}
 	}
 }

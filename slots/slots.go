@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"iter"
-	"maps"
 	"math"
 	"math/bits"
 	"slices"
@@ -567,24 +566,6 @@ func (t *Tracker) Unregister(model, tenant string, worker uint64) error {
 		t.keys = nil
 	}
 	return nil
-}
-
-// Workers lists the registrations, filtered by model and tenant when they
-// are not empty, sorted by (model, tenant, worker id).
-func (t *Tracker) Workers(model, tenant string) []Worker {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := []Worker{}
-	for k, tr := range t.trackers {
-		if !k.matches(model, tenant) {
-			continue
-		}
-		out = slices.AppendSeq(out, maps.Values(tr.workers))
-	}
-	slices.SortFunc(out, func(a, b Worker) int {
-		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.WorkerID, b.WorkerID))
-	})
-	return out
 }
 
 // Add records a request's prompt blocks and prefill tokens on a registered

@@ -34,11 +34,12 @@ func (w *writesRecorder) Write(p []byte) (int, error) {
 	return w.ResponseRecorder.Write(p)
 }
 
-// TestLoadsStreamed: GET /loads writes encoding/json's bytes a bounded
-// piece at a time, without holding the tracker while it writes (issue 23
-// item 17: the whole answer, 40 MB at the caps, was encoded in memory
-// for each client, and 30 clients that did not read took 1.8 GB).
-func TestLoadsStreamed(t *testing.T) {
+// TestListsStreamed: GET /loads and GET /workers write encoding/json's
+// bytes a bounded piece at a time, without holding the tracker while they
+// write (issue 23 item 17: the whole answer, 40 MB of /loads at the caps,
+// was encoded in memory for each client, and 30 clients that did not read
+// took 1.8 GB).
+func TestListsStreamed(t *testing.T) {
 	t.Parallel()
 	cfg := slots.DefaultConfig()
 	tr, err := slots.New(cfg)
@@ -54,32 +55,40 @@ func TestLoadsStreamed(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		for w := range uint64(1000) {
+			if err := tr.Register(slots.Worker{WorkerID: 1000 + w, Model: name, Tenant: names[(i+1)%3], BlockSize: 16,
+				DPStart: uint32(w), DPSize: 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	if err := tr.Add(slots.Request{Model: "b", Tenant: names[0], ID: "r", WorkerID: 3, DPRank: 3500, Hashes: []uint64{1}, NewISLTokens: 9}); err != nil {
 		t.Fatal(err)
 	}
 	h := Handler(tr)
-	get := func(query string, rec *writesRecorder) {
+	get := func(path string, rec *writesRecorder) {
 		t.Helper()
-		h.ServeHTTP(rec, httptest.NewRequestWithContext(t.Context(), http.MethodGet, "/loads"+query, nil))
+		h.ServeHTTP(rec, httptest.NewRequestWithContext(t.Context(), http.MethodGet, path, nil))
 	}
 	for _, q := range []struct{ query, model, tenant string }{
 		{"", "", ""}, {"?model_name=b", "b", ""}, {"?tenant_id=b", "", "b"}, {"?model_name=none", "none", ""},
 	} {
-		rec := &writesRecorder{ResponseRecorder: httptest.NewRecorder()}
-		get(q.query, rec)
-		var want bytes.Buffer
-		if err := json.NewEncoder(&want).Encode(tr.Loads(q.model, q.tenant)); err != nil {
-			t.Fatal(err)
-		}
-		if rec.Code != http.StatusOK || rec.Header().Get("Content-Type") != "application/json" || !bytes.Equal(rec.Body.Bytes(), want.Bytes()) {
-			t.Errorf("GET /loads%s: %d %q, %d bytes, not encoding/json's %d", q.query, rec.Code, rec.Header().Get("Content-Type"),
-				rec.Body.Len(), want.Len())
-		}
-		// 12,288 ranks of long names are 5.7 MB: written in pieces of
-		// about loadsFlush bytes.
-		if rec.largest > loadsFlush+1024 {
-			t.Errorf("GET /loads%s: a write of %d bytes, more than %d: the answer is not streamed", q.query, rec.largest, loadsFlush+1024)
+		for path, list := range map[string]any{"/loads": tr.Loads(q.model, q.tenant), "/workers": tr.Workers(q.model, q.tenant)} {
+			rec := &writesRecorder{ResponseRecorder: httptest.NewRecorder()}
+			get(path+q.query, rec)
+			var want bytes.Buffer
+			if err := json.NewEncoder(&want).Encode(list); err != nil {
+				t.Fatal(err)
+			}
+			if rec.Code != http.StatusOK || rec.Header().Get("Content-Type") != "application/json" || !bytes.Equal(rec.Body.Bytes(), want.Bytes()) {
+				t.Errorf("GET %s%s: %d %q, %d bytes, not encoding/json's %d", path, q.query, rec.Code, rec.Header().Get("Content-Type"),
+					rec.Body.Len(), want.Len())
+			}
+			// 15,288 ranks of long names are about 7 MB, 3,012 workers 1.3 MB:
+			// written in pieces of about listFlush bytes.
+			if rec.largest > listFlush+1024 {
+				t.Errorf("GET %s%s: a write of %d bytes, more than %d: the answer is not streamed", path, q.query, rec.largest, listFlush+1024)
+			}
 		}
 	}
 	// A reader that stops reading does not hold the tracker.
@@ -87,7 +96,7 @@ func TestLoadsStreamed(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		get("", rec)
+		get("/loads", rec)
 	}()
 	select {
 	case <-rec.blocked:

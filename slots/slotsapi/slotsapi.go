@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"net/http"
 	"strconv"
 	"sync"
@@ -154,9 +155,21 @@ func (h *handler) unregister(w http.ResponseWriter, r *http.Request) {
 	answer(w, http.StatusOK, h.tr.Unregister(b.Model, b.Tenant, *b.WorkerID))
 }
 
+// workers answers GET /workers streamed, as loads does /loads.
 func (h *handler) workers(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	writeJSON(w, http.StatusOK, h.tr.Workers(q.Get("model_name"), q.Get("tenant_id")))
+	var enc names
+	stream(w, r, h.tr.WorkerPages(q.Get("model_name"), q.Get("tenant_id"), listPage), func(buf []byte, wk slots.Worker) []byte {
+		buf = append(buf, `{"worker_id":`...)
+		buf = strconv.AppendUint(buf, wk.WorkerID, 10)
+		buf = enc.append(buf, `,"model_name":`, wk.Model, `,"tenant_id":`, wk.Tenant, `,"block_size":`)
+		buf = strconv.AppendUint(buf, uint64(wk.BlockSize), 10)
+		buf = append(buf, `,"dp_start":`...)
+		buf = strconv.AppendUint(buf, uint64(wk.DPStart), 10)
+		buf = append(buf, `,"dp_size":`...)
+		buf = strconv.AppendUint(buf, uint64(wk.DPSize), 10)
+		return append(buf, '}')
+	})
 }
 
 type addBody struct {
@@ -212,22 +225,40 @@ func byRequest(op func(model, tenant, id string) error) http.HandlerFunc {
 	}
 }
 
-// Bounds of a streamed GET /loads.
+// Bounds of a streamed answer (GET /loads, GET /workers).
 const (
-	// loadsPage is how many ranks are copied from the tracker at a time.
-	loadsPage = 256
-	// loadsFlush is how many bytes are encoded before they are written.
-	loadsFlush = 32 << 10
+	// listPage is how many rows are copied from the tracker at a time.
+	listPage = 256
+	// listFlush is how many bytes are encoded before they are written.
+	listFlush = 32 << 10
 )
 
-// loads answers GET /loads streamed: a page of ranks at a time is copied
-// from the tracker (its lock held for the copy only), encoded and written,
-// so that a client that reads slowly holds about loadsFlush bytes and a
-// page, never the whole answer (tens of MB at the caps). The bytes are
-// encoding/json's (TestLoadsStreamed); a listing that changes while it is
-// written may miss a rank that came or list one that went.
+// loads answers GET /loads streamed (see stream).
 func (h *handler) loads(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
+	var enc names
+	stream(w, r, h.tr.LoadPages(q.Get("model_name"), q.Get("tenant_id"), listPage), func(buf []byte, l slots.Load) []byte {
+		buf = enc.append(buf, `{"model_name":`, l.Model, `,"tenant_id":`, l.Tenant, `,"worker_id":`)
+		buf = strconv.AppendUint(buf, l.WorkerID, 10)
+		buf = append(buf, `,"dp_rank":`...)
+		buf = strconv.AppendUint(buf, uint64(l.DPRank), 10)
+		buf = append(buf, `,"active_prefill_tokens":`...)
+		buf = strconv.AppendUint(buf, l.ActivePrefillTokens, 10)
+		buf = append(buf, `,"active_decode_blocks":`...)
+		buf = strconv.AppendUint(buf, l.ActiveDecodeBlocks, 10)
+		return append(buf, '}')
+	})
+}
+
+// stream answers 200 with the JSON array of the rows of pages, each
+// appended by row, as encoding/json's Encoder writes it
+// (TestListsStreamed). A page at a time is copied from the tracker (its
+// lock held for the copy only), encoded and written about listFlush bytes
+// at a time, so that a client that reads slowly holds about that and a
+// page, never the whole answer (40 MB of /loads at the caps). A listing
+// that changes while it is written may miss a row that came or list one
+// that went.
+func stream[T any](w http.ResponseWriter, r *http.Request, pages iter.Seq[[]T], row func([]byte, T) []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	if r.Method == http.MethodHead {
@@ -235,16 +266,15 @@ func (h *handler) loads(w http.ResponseWriter, r *http.Request) {
 	}
 	bp := buffers.Get().(*[]byte)
 	buf := append((*bp)[:0], '[')
-	var enc loadEncoder
 	first := true
-	for page := range h.tr.LoadPages(q.Get("model_name"), q.Get("tenant_id"), loadsPage) {
-		for _, l := range page {
+	for page := range pages {
+		for _, v := range page {
 			if !first {
 				buf = append(buf, ',')
 			}
 			first = false
-			buf = enc.append(buf, l)
-			if len(buf) >= loadsFlush {
+			buf = row(buf, v)
+			if len(buf) >= listFlush {
 				if _, err := w.Write(buf); err != nil {
 					return
 				}
@@ -260,31 +290,23 @@ func (h *handler) loads(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// loadEncoder appends loads as encoding/json's Encoder writes a
-// slots.Load; the names' encoding is kept while they repeat (the rows of
-// one model and tenant).
-type loadEncoder struct {
-	model, tenant string
-	prefix        []byte // {"model_name":...,"tenant_id":...,"worker_id":
+// names appends a row's two names as encoding/json encodes them, between
+// the literal keys before, mid and after; their encoding is kept while
+// they repeat (the rows of one model and tenant).
+type names struct {
+	a, b    string
+	encoded []byte // before, a, mid, b and after, encoded
+	ok      bool
 }
 
-func (e *loadEncoder) append(buf []byte, l slots.Load) []byte {
-	if e.prefix == nil || l.Model != e.model || l.Tenant != e.tenant {
-		m, _ := json.Marshal(l.Model)
-		t, _ := json.Marshal(l.Tenant)
-		e.prefix = append(append(append(append(append(e.prefix[:0], `{"model_name":`...), m...), `,"tenant_id":`...), t...),
-			`,"worker_id":`...)
-		e.model, e.tenant = l.Model, l.Tenant
+func (n *names) append(buf []byte, before, a, mid, b, after string) []byte {
+	if !n.ok || a != n.a || b != n.b {
+		ja, _ := json.Marshal(a)
+		jb, _ := json.Marshal(b)
+		n.encoded = append(append(append(append(append(n.encoded[:0], before...), ja...), mid...), jb...), after...)
+		n.a, n.b, n.ok = a, b, true
 	}
-	buf = append(buf, e.prefix...)
-	buf = strconv.AppendUint(buf, l.WorkerID, 10)
-	buf = append(buf, `,"dp_rank":`...)
-	buf = strconv.AppendUint(buf, uint64(l.DPRank), 10)
-	buf = append(buf, `,"active_prefill_tokens":`...)
-	buf = strconv.AppendUint(buf, l.ActivePrefillTokens, 10)
-	buf = append(buf, `,"active_decode_blocks":`...)
-	buf = strconv.AppendUint(buf, l.ActiveDecodeBlocks, 10)
-	return append(buf, '}')
+	return append(buf, n.encoded...)
 }
 
 type potentialBody struct {
