@@ -6,6 +6,8 @@
 // unknown tracker 404 (on /potential_loads too), a block size other than
 // the tracker's 409, an unknown path 404, a wrong method 405 with Allow, a
 // cap on what the tracker holds 429, and unknown fields are ignored.
+// GET /loads and GET /workers are streamed a page of rows at a time, so
+// that a client that reads slowly holds a page, not the whole answer.
 //
 // Users: workermon slots, and workermon router for /loads and
 // /potential_loads.
