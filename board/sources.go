@@ -226,8 +226,8 @@ func addEstimates(workers []Worker, t events.Thresholds, model string, loads []s
 		}
 		ranks := workers[w].Ranks
 		if k := len(ranks) - 1; k >= 0 && ranks[k].Rank == l.DPRank {
-			ranks[k].KVUsed += l.ActiveDecodeBlocks
-			ranks[k].Prefill += l.ActivePrefillTokens
+			ranks[k].KVUsed = slots.SaturatingAdd(ranks[k].KVUsed, l.ActiveDecodeBlocks)
+			ranks[k].Prefill = slots.SaturatingAdd(ranks[k].Prefill, l.ActivePrefillTokens)
 			continue
 		}
 		r := Rank{Rank: l.DPRank, KVUsed: l.ActiveDecodeBlocks, Prefill: l.ActivePrefillTokens}

@@ -59,8 +59,9 @@ var (
 // Stats is where a Watcher counts what happens to its watch: why a watch
 // ended and was replaced (reconnect, manual, closed, error, gone, recreated,
 // stalled), an entry it rejected and why (bad_key, malformed, mismatch,
-// no_endpoint), and the number of models after each change. workermon's
-// router counts them in Prometheus (workermon_router_watch_*).
+// no_endpoint, bad_range), and the number of models after each change.
+// workermon's router and slot tracker count them in Prometheus
+// (workermon_router_watch_*).
 type Stats = kvwatch.Stats
 
 // Option configures a Watcher.

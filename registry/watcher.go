@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -35,9 +36,11 @@ import (
 // longer than the TTL does not leave the router without workers.
 //
 // An entry whose JSON cannot be decoded, whose key is not
-// <model_key>.<worker_id>, whose model or worker_id disagrees with its key or
-// whose endpoint is empty is logged (rate-limited), counted in
-// workermon_router_watch_bad_records_total and removed from the snapshot.
+// <model_key>.<worker_id>, whose model or worker_id disagrees with its key,
+// whose endpoint is empty or whose rank range passes 2^32 (dp_start +
+// dp_size, a dp_size of 0 read as 1; a range may end at 2^32) is logged
+// (rate-limited), counted in workermon_router_watch_bad_records_total and
+// removed from the snapshot.
 type Watcher struct {
 	state kvwatch.State[*registryModel]
 	loop  *kvwatch.Loop
@@ -174,6 +177,12 @@ func (r *watcherSink) Apply(e jetstream.KeyValueEntry, now time.Time) error {
 	case ent.Endpoint == "":
 		r.remove(key, model, worker)
 		return &kvwatch.RecordError{Reason: "no_endpoint", Err: fmt.Errorf("registry: entry %s has no endpoint", key)}
+	case uint64(ent.DPStart)+uint64(max(ent.DPSize, 1)) > math.MaxUint32+1:
+		// A range may end at 2^32 (rank 4294967295 is legal), never past it
+		// (contract §3); dp_size 0 is read as 1.
+		r.remove(key, model, worker)
+		return &kvwatch.RecordError{Reason: "bad_range", Err: fmt.Errorf(
+			"registry: entry %s: dp_start %d + dp_size %d passes 2^32", key, ent.DPStart, ent.DPSize)}
 	}
 	ws := r.edit(model)
 	i, found := slices.BinarySearchFunc(ws.workers, worker, registryCompareID)

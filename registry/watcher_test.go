@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -308,4 +309,51 @@ func (c *testClock) waitReads(t *testing.T, n int64) {
 	t.Helper()
 	want := c.reads.Load() + n
 	natstest.WaitFor(t, registryTestWait, "the watcher reading its clock", func() bool { return c.reads.Load() >= want })
+}
+
+// TestRegistryRankRange: an entry whose ranks end exactly at 2^32 is kept
+// (rank 4294967295 is legal, contract §3); one whose ranks pass 2^32 is
+// dropped and counted as bad_range (issue 23 item 16).
+func TestRegistryRankRange(t *testing.T) {
+	t.Parallel()
+	env := testStart(t)
+	kv := env.bucket(t, events.WorkersBucket)
+	reg := prometheus.NewRegistry()
+	m, err := watchmetrics.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := registryTestNew(t, env.js, WithStats(m.Bucket(events.WorkersBucket)))
+	natstest.WaitReady(t, r)
+
+	top := registryTestEntry("m", 8, "http://a")
+	top.DPStart, top.DPSize = math.MaxUint32, 1
+	registryTestPut(t, kv, top)
+	zero := registryTestEntry("m", 9, "http://b") // dp_size 0 is read as 1
+	zero.DPStart, zero.DPSize = math.MaxUint32, 0
+	registryTestPut(t, kv, zero)
+	for i, bad := range [][2]uint32{{math.MaxUint32, 2}, {math.MaxUint32 - 1, 3}} {
+		e := registryTestEntry("m", uint64(10+i), "http://c")
+		e.DPStart, e.DPSize = bad[0], bad[1]
+		registryTestPut(t, kv, e)
+	}
+	registryTestPut(t, kv, registryTestEntry("m", 20, "http://d"))
+	natstest.WaitFor(t, registryTestWait, "the entry after the bad ones", func() bool {
+		_, ok := r.Lookup("m", 20)
+		return ok
+	})
+	if ids := registryTestIDs(r, "m"); !slices.Equal(ids, []uint64{8, 9, 20}) {
+		t.Errorf("workers %v, want 8, 9 and 20", ids)
+	}
+	lbl := map[string]string{"bucket": events.WorkersBucket, "reason": "bad_range"}
+	if v, _ := promtest.Value(t, reg, "workermon_router_watch_bad_records_total", lbl); v != 2 {
+		t.Errorf("bad records %v = %v, want 2", lbl, v)
+	}
+	// A registered worker whose entry moves past 2^32 is removed.
+	top.DPSize = 2
+	registryTestPut(t, kv, top)
+	natstest.WaitFor(t, registryTestWait, "worker 8 removed", func() bool {
+		_, ok := r.Lookup("m", 8)
+		return !ok
+	})
 }

@@ -126,3 +126,50 @@ func BenchmarkRankMemory(b *testing.B) {
 	}
 	b.ReportMetric(perRank, "B/rank")
 }
+
+// BenchmarkUnregister registers and unregisters a worker of 1,024 ranks
+// with 16 requests of its own beside the other workers' active requests
+// (8 blocks each): the unregistration costs per the worker's own requests,
+// not per every active request of its (model, tenant).
+func BenchmarkUnregister(b *testing.B) {
+	for _, others := range []int{1_000, 4_000, 16_000} {
+		b.Run(fmt.Sprintf("requests=%d", others), func(b *testing.B) {
+			tr, err := New(DefaultConfig())
+			if err != nil {
+				b.Fatal(err)
+			}
+			const workers, ranks = 64, 8
+			for w := range workers {
+				if err := tr.Register(Worker{WorkerID: uint64(w), Model: "m", BlockSize: 16, DPSize: ranks}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for i := range others {
+				if err := tr.Add(Request{Model: "m", ID: fmt.Sprint(i), WorkerID: uint64(i % workers), DPRank: uint32(i % ranks),
+					Hashes: []uint64{1, 2, 3, 4, 5, 6, 7, uint64(i)}, NewISLTokens: 1024}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			big := Worker{WorkerID: 1 << 40, Model: "m", BlockSize: 16, DPSize: MaxRanks}
+			ids := make([]string, 16)
+			for i := range ids {
+				ids[i] = fmt.Sprint("own-", i)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := tr.Register(big); err != nil {
+					b.Fatal(err)
+				}
+				for i, id := range ids {
+					if err := tr.Add(Request{Model: "m", ID: id, WorkerID: big.WorkerID, DPRank: uint32(i * 64),
+						Hashes: []uint64{1, 2, 3}, NewISLTokens: 1024}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := tr.Unregister("m", "", big.WorkerID); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -18,8 +18,9 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"maps"
+	"iter"
 	"math"
+	"math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -157,6 +158,25 @@ type Worker struct {
 	DPSize    uint32 `json:"dp_size"`
 }
 
+// ranks yields the worker's ranks in order. A range may end at 2^32
+// (rank 4294967295 is legal, contract §3): the walk counts dp_size ranks,
+// so it never wraps to rank 0. The range must not pass 2^32 (Register
+// refuses it).
+func (w Worker) ranks() iter.Seq[uint32] {
+	return func(yield func(uint32) bool) {
+		for i := range w.DPSize {
+			if !yield(w.DPStart + i) {
+				return
+			}
+		}
+	}
+}
+
+// has reports whether r is one of the worker's ranks.
+func (w Worker) has(r uint32) bool {
+	return r >= w.DPStart && uint64(r) < uint64(w.DPStart)+uint64(w.DPSize)
+}
+
 // Load is one rank's current load.
 type Load struct {
 	Model               string `json:"model_name"`
@@ -206,18 +226,80 @@ type rankKey struct {
 // rank is the state of one (worker, dp_rank).
 type rank struct {
 	blocks  map[uint64]uint32 // distinct block hashes of the active requests, with reference counts
-	prefill uint64            // new_isl_tokens of the requests not yet prefill-complete
+	prefill tokens            // new_isl_tokens of the requests not yet prefill-complete
+	// requests are the rank's active requests, linked through their prev
+	// and next: dropping a rank (an unregistration, a moved range) walks
+	// its own requests, not every request of the tracker.
+	requests *request
+}
+
+// tokens is a sum of token counts that never wraps: exact in 128 bits (a
+// million requests of 2^64-1 tokens cannot pass it), so that the tokens of
+// a request that leaves come off exactly, and read saturated at 2^64-1.
+type tokens struct{ hi, lo uint64 }
+
+func (s *tokens) add(n uint64) {
+	var carry uint64
+	s.lo, carry = bits.Add64(s.lo, n, 0)
+	s.hi += carry
+}
+
+func (s *tokens) sub(n uint64) {
+	var borrow uint64
+	s.lo, borrow = bits.Sub64(s.lo, n, 0)
+	s.hi -= borrow
+}
+
+// value is the sum, or 2^64-1 when it is larger.
+func (s tokens) value() uint64 {
+	if s.hi != 0 {
+		return math.MaxUint64
+	}
+	return s.lo
+}
+
+// SaturatingAdd returns a + b, or 2^64-1 when the sum is larger: loads
+// (tokens, blocks) are summed without wrapping (a sum that wrapped would
+// show a loaded rank as idle).
+func SaturatingAdd(a, b uint64) uint64 {
+	if s := a + b; s >= a {
+		return s
+	}
+	return math.MaxUint64
+}
+
+// link adds an active request to the rank's list.
+func (rs *rank) link(r *request) {
+	r.prev, r.next = nil, rs.requests
+	if rs.requests != nil {
+		rs.requests.prev = r
+	}
+	rs.requests = r
+}
+
+// unlink removes an active request from the rank's list.
+func (rs *rank) unlink(r *request) {
+	if r.prev != nil {
+		r.prev.next = r.next
+	} else {
+		rs.requests = r.next
+	}
+	if r.next != nil {
+		r.next.prev = r.prev
+	}
+	r.prev, r.next = nil, nil
 }
 
 // request is an active request.
 type request struct {
-	id      string
-	tracker *tracker
-	at      rankKey
-	hashes  []uint64 // distinct
-	prefill uint64   // 0 once prefill-complete
-	added   time.Time
-	freed   bool
+	id         string
+	tracker    *tracker
+	at         rankKey
+	hashes     []uint64 // distinct
+	prefill    uint64   // 0 once prefill-complete
+	added      time.Time
+	freed      bool
+	prev, next *request // the other active requests of its rank
 }
 
 // tracker is one (model, tenant).
@@ -305,6 +387,7 @@ type Tracker struct {
 
 	mu       sync.Mutex
 	trackers map[key]*tracker
+	keys     []key // of trackers, sorted; nil after a tracker came or went
 	workers  int
 	ranks    int
 	requests int
@@ -377,7 +460,8 @@ func (t *Tracker) Register(w Worker) error {
 	case w.DPSize > MaxRanks:
 		return fmt.Errorf("dp_size %d is above %d: %w", w.DPSize, MaxRanks, ErrInvalid)
 	case uint64(w.DPStart)+uint64(w.DPSize) > math.MaxUint32+1:
-		return fmt.Errorf("dp_start %d + dp_size %d overflows: %w", w.DPStart, w.DPSize, ErrInvalid)
+		return fmt.Errorf("dp_start %d + dp_size %d overflows: a range may end at 2^32, never past it: %w",
+			w.DPStart, w.DPSize, ErrInvalid)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -410,11 +494,14 @@ func (t *Tracker) Register(w Worker) error {
 		return t.refuse(RejectedRanks, fmt.Errorf("%d ranks registered, %d with dp_size %d: above the cap of %d: %w",
 			t.ranks, ranks, w.DPSize, t.cfg.MaxTotalRanks, ErrLimit))
 	}
-	t.trackers[k] = tr
+	if _, ok := t.trackers[k]; !ok {
+		t.trackers[k] = tr
+		t.keys = nil
+	}
 	tr.blockSize = w.BlockSize
 	if replacing {
-		for r := old.DPStart; uint64(r) < uint64(old.DPStart)+uint64(old.DPSize); r++ {
-			if r < w.DPStart || uint64(r) >= uint64(w.DPStart)+uint64(w.DPSize) {
+		for r := range old.ranks() {
+			if !w.has(r) {
 				t.dropRank(tr, rankKey{w.WorkerID, r})
 			}
 		}
@@ -422,7 +509,7 @@ func (t *Tracker) Register(w Worker) error {
 		t.workers++
 	}
 	tr.workers[w.WorkerID] = w
-	for r := w.DPStart; uint64(r) < uint64(w.DPStart)+uint64(w.DPSize); r++ {
+	for r := range w.ranks() {
 		rk := rankKey{w.WorkerID, r}
 		if tr.ranks[rk] == nil {
 			tr.ranks[rk] = &rank{blocks: make(map[uint64]uint32)}
@@ -435,20 +522,22 @@ func (t *Tracker) Register(w Worker) error {
 
 // dropRank removes a rank and its requests.
 func (t *Tracker) dropRank(tr *tracker, rk rankKey) {
-	for id, req := range tr.requests {
-		if req.at == rk {
-			req.freed = true
-			delete(tr.requests, id)
-			t.requests--
-			t.blocks -= len(req.hashes)
-		}
+	rs := tr.ranks[rk]
+	if rs == nil {
+		return
 	}
-	if rs := tr.ranks[rk]; rs != nil {
-		for h := range rs.blocks {
-			tr.release(h, rk)
-		}
-		t.ranks--
+	for rs.requests != nil {
+		req := rs.requests
+		rs.unlink(req)
+		req.freed = true
+		delete(tr.requests, req.id)
+		t.requests--
+		t.blocks -= len(req.hashes)
 	}
+	for h := range rs.blocks {
+		tr.release(h, rk)
+	}
+	t.ranks--
 	delete(tr.ranks, rk)
 	tr.stale = true
 }
@@ -467,33 +556,16 @@ func (t *Tracker) Unregister(model, tenant string, worker uint64) error {
 	if !ok {
 		return fmt.Errorf("worker %d is not registered for model %q tenant %q: %w", worker, model, tenant, ErrNotFound)
 	}
-	for r := w.DPStart; uint64(r) < uint64(w.DPStart)+uint64(w.DPSize); r++ {
+	for r := range w.ranks() {
 		t.dropRank(tr, rankKey{worker, r})
 	}
 	delete(tr.workers, worker)
 	t.workers--
 	if len(tr.workers) == 0 {
 		delete(t.trackers, tr.key)
+		t.keys = nil
 	}
 	return nil
-}
-
-// Workers lists the registrations, filtered by model and tenant when they
-// are not empty, sorted by (model, tenant, worker id).
-func (t *Tracker) Workers(model, tenant string) []Worker {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := []Worker{}
-	for k, tr := range t.trackers {
-		if !k.matches(model, tenant) {
-			continue
-		}
-		out = slices.AppendSeq(out, maps.Values(tr.workers))
-	}
-	slices.SortFunc(out, func(a, b Worker) int {
-		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.WorkerID, b.WorkerID))
-	})
-	return out
 }
 
 // Add records a request's prompt blocks and prefill tokens on a registered
@@ -564,7 +636,7 @@ func leastLoaded(tr *tracker, w Worker, hashes []uint64) (rankKey, *rank, Potent
 	var best *rank
 	var bestKey rankKey
 	var p Potential
-	for r := w.DPStart; uint64(r) < uint64(w.DPStart)+uint64(w.DPSize); r++ {
+	for r := range w.ranks() {
 		rk := rankKey{w.WorkerID, r}
 		rs := tr.ranks[rk]
 		if rs == nil {
@@ -576,9 +648,10 @@ func leastLoaded(tr *tracker, w Worker, hashes []uint64) (rankKey, *rank, Potent
 				blocks++
 			}
 		}
-		if best == nil || rs.prefill < p.PotentialPrefillTokens || rs.prefill == p.PotentialPrefillTokens && blocks < p.PotentialDecodeBlocks {
+		prefill := rs.prefill.value()
+		if best == nil || prefill < p.PotentialPrefillTokens || prefill == p.PotentialPrefillTokens && blocks < p.PotentialDecodeBlocks {
 			best, bestKey = rs, rk
-			p = Potential{WorkerID: w.WorkerID, DPRank: r, PotentialPrefillTokens: rs.prefill, PotentialDecodeBlocks: blocks}
+			p = Potential{WorkerID: w.WorkerID, DPRank: r, PotentialPrefillTokens: prefill, PotentialDecodeBlocks: blocks}
 		}
 	}
 	return bestKey, best, p, best != nil
@@ -606,7 +679,7 @@ func (t *Tracker) WorkerPotential(model, tenant string, worker uint64, hashes []
 		return Potential{}, false
 	}
 	_, _, p, ok = leastLoaded(tr, w, hashes)
-	p.PotentialPrefillTokens += newISL
+	p.PotentialPrefillTokens = SaturatingAdd(p.PotentialPrefillTokens, newISL)
 	return p, ok
 }
 
@@ -629,7 +702,8 @@ func (t *Tracker) add(tr *tracker, rk rankKey, rs *rank, req Request) error {
 			tr.hold(h, rk)
 		}
 	}
-	rs.prefill += r.prefill
+	rs.prefill.add(r.prefill)
+	rs.link(r)
 	tr.requests[req.ID] = r
 	t.requests++
 	t.blocks += len(hashes)
@@ -674,7 +748,7 @@ func (t *Tracker) PrefillComplete(model, tenant, id string) error {
 	if r == nil {
 		return fmt.Errorf("request %q is not active: %w", id, ErrNotFound)
 	}
-	tr.ranks[r.at].prefill -= r.prefill
+	tr.ranks[r.at].prefill.sub(r.prefill)
 	r.prefill = 0
 	return nil
 }
@@ -717,7 +791,8 @@ func (t *Tracker) free(r *request) {
 				rs.blocks[h]--
 			}
 		}
-		rs.prefill -= r.prefill
+		rs.prefill.sub(r.prefill)
+		rs.unlink(r)
 	}
 	r.freed = true
 	delete(tr.requests, r.id)
@@ -744,29 +819,6 @@ func (t *Tracker) expire() {
 	if len(t.byAge) > 1024 && len(t.byAge) > 2*t.requests {
 		t.byAge = slices.DeleteFunc(t.byAge, func(r *request) bool { return r.freed })
 	}
-}
-
-// Loads lists every registered rank's load, filtered by model and tenant
-// when they are not empty, sorted by (model, tenant, worker id, rank).
-func (t *Tracker) Loads(model, tenant string) []Load {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.expire()
-	out := []Load{}
-	for k, tr := range t.trackers {
-		if !k.matches(model, tenant) {
-			continue
-		}
-		for rk, rs := range tr.ranks {
-			out = append(out, Load{Model: k.model, Tenant: k.tenant, WorkerID: rk.worker, DPRank: rk.rank,
-				ActivePrefillTokens: rs.prefill, ActiveDecodeBlocks: uint64(len(rs.blocks))})
-		}
-	}
-	slices.SortFunc(out, func(a, b Load) int {
-		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Tenant, b.Tenant),
-			cmp.Compare(a.WorkerID, b.WorkerID), cmp.Compare(a.DPRank, b.DPRank))
-	})
-	return out
 }
 
 // PotentialLoads projects adding a request with these block hashes and
@@ -803,7 +855,7 @@ func (t *Tracker) PotentialLoads(model, tenant string, hashes []uint64, newISL u
 	}
 	out := make([]Potential, 0, len(tr.ranks))
 	for _, r := range tr.sorted() {
-		out = append(out, Potential{WorkerID: r.key.worker, DPRank: r.key.rank, PotentialPrefillTokens: r.prefill + newISL,
+		out = append(out, Potential{WorkerID: r.key.worker, DPRank: r.key.rank, PotentialPrefillTokens: SaturatingAdd(r.prefill.value(), newISL),
 			PotentialDecodeBlocks: uint64(len(r.blocks)) + uint64(len(own)) - shared[r.key]})
 	}
 	return out, nil

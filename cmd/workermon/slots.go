@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/watchmetrics"
 	"github.com/workermon/workermon/natsconn"
 	"github.com/workermon/workermon/registry"
 	"github.com/workermon/workermon/slots"
@@ -174,7 +175,14 @@ func (svc *slotsService) startNATS(ctx context.Context, o slotsOptions, tr *slot
 		if err != nil {
 			return fmt.Errorf("slots: jetstream: %w", err)
 		}
-		if svc.registry, err = registry.NewWatcher(js, registry.WithLogger(log.With("component", "registry"))); err != nil {
+		// The registry watch is counted as the router's is
+		// (workermon_router_watch_*): an entry dropped as bad included.
+		watchStats, err := watchmetrics.New(reg)
+		if err != nil {
+			return fmt.Errorf("slots: %w", err)
+		}
+		if svc.registry, err = registry.NewWatcher(js, registry.WithStats(watchStats.Bucket(events.WorkersBucket)),
+			registry.WithLogger(log.With("component", "registry"))); err != nil {
 			return err
 		}
 		source = svc.registry

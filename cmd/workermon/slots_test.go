@@ -1,18 +1,22 @@
 package main
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/natstest"
 	"github.com/workermon/workermon/internal/promtest"
 	"github.com/workermon/workermon/slots"
@@ -242,5 +246,57 @@ func TestRouterSlotsMetrics(t *testing.T) {
 	}
 	if status, allow, body := slotsTestDo(t, "POST", base+"/loads", ""); status != http.StatusMethodNotAllowed || allow != "GET, HEAD" {
 		t.Errorf("POST /loads on the router: %d, Allow %q, %s; want 405", status, allow, body)
+	}
+}
+
+// TestRegistryRankRangeEndingAt2To32: `workermon slots --from-registry`
+// and `workermon router` track a registry entry whose ranks end exactly at
+// 2^32 (rank 4294967295 on GET /loads), and drop an entry whose ranks pass
+// 2^32, counted in workermon_router_watch_bad_records_total{reason="bad_range"}
+// (issue 23 item 16).
+func TestRegistryRankRangeEndingAt2To32(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t, nil)
+	js, err := jetstream.New(natstest.Connect(t, srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []events.WorkerEntry{
+		{Model: "m1", WorkerID: 8, Endpoint: "http://a", DPStart: math.MaxUint32, DPSize: 1, BlockSize: 16},
+		{Model: "m1", WorkerID: 9, Endpoint: "http://b", DPStart: math.MaxUint32, DPSize: 2, BlockSize: 16},
+	} {
+		data, _ := json.Marshal(e)
+		routerTestPut(t, js, events.WorkersBucket, events.RegistryKey(e.Model, e.WorkerID), data)
+	}
+	slotsReg, routerReg := newRegistry(), newRegistry()
+	so := defaultSlotsOptions()
+	so.httpAddr, so.fromRegistry, so.natsURL = "127.0.0.1:0", true, srv.ClientURL()
+	ssvc, err := startSlots(t.Context(), so, slog.New(slog.DiscardHandler), slotsReg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAtCleanup(t, ssvc.close)
+	ro := defaultRouterOptions()
+	ro.httpAddr, ro.natsURL = "127.0.0.1:0", srv.ClientURL()
+	rsvc, err := startRouter(ro, slog.New(slog.DiscardHandler), routerReg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAtCleanup(t, rsvc.Close)
+	for name, c := range map[string]struct {
+		base string
+		reg  prometheus.Gatherer
+	}{"slots": {"http://" + ssvc.http.addr, slotsReg}, "router": {"http://" + rsvc.httpAddr, routerReg}} {
+		natstest.WaitFor(t, 15*time.Second, name+": rank 4294967295 on /loads", func() bool {
+			_, _, body := slotsTestDo(t, "GET", c.base+"/loads", "")
+			return strings.Contains(body, `"worker_id":8,"dp_rank":4294967295,`)
+		})
+		if _, _, body := slotsTestDo(t, "GET", c.base+"/loads", ""); strings.Contains(body, `"worker_id":9`) {
+			t.Errorf("%s: the range past 2^32 is tracked: %s", name, body)
+		}
+		lbl := map[string]string{"bucket": events.WorkersBucket, "reason": "bad_range"}
+		if got := slotsTestMetric(t, c.reg, "workermon_router_watch_bad_records_total", lbl); got != 1 {
+			t.Errorf(`%s: workermon_router_watch_bad_records_total{reason="bad_range"} = %v, want 1`, name, got)
+		}
 	}
 }

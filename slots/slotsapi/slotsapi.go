@@ -6,6 +6,8 @@
 // unknown tracker 404 (on /potential_loads too), a block size other than
 // the tracker's 409, an unknown path 404, a wrong method 405 with Allow, a
 // cap on what the tracker holds 429, and unknown fields are ignored.
+// GET /loads and GET /workers are streamed a page of rows at a time, so
+// that a client that reads slowly holds a page, not the whole answer.
 //
 // Users: workermon slots, and workermon router for /loads and
 // /potential_loads.
@@ -16,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"net/http"
 	"strconv"
 	"sync"
@@ -154,9 +157,21 @@ func (h *handler) unregister(w http.ResponseWriter, r *http.Request) {
 	answer(w, http.StatusOK, h.tr.Unregister(b.Model, b.Tenant, *b.WorkerID))
 }
 
+// workers answers GET /workers streamed, as loads does /loads.
 func (h *handler) workers(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	writeJSON(w, http.StatusOK, h.tr.Workers(q.Get("model_name"), q.Get("tenant_id")))
+	var enc names
+	stream(w, r, h.tr.WorkerPages(q.Get("model_name"), q.Get("tenant_id"), listPage), func(buf []byte, wk slots.Worker) []byte {
+		buf = append(buf, `{"worker_id":`...)
+		buf = strconv.AppendUint(buf, wk.WorkerID, 10)
+		buf = enc.append(buf, `,"model_name":`, wk.Model, `,"tenant_id":`, wk.Tenant, `,"block_size":`)
+		buf = strconv.AppendUint(buf, uint64(wk.BlockSize), 10)
+		buf = append(buf, `,"dp_start":`...)
+		buf = strconv.AppendUint(buf, uint64(wk.DPStart), 10)
+		buf = append(buf, `,"dp_size":`...)
+		buf = strconv.AppendUint(buf, uint64(wk.DPSize), 10)
+		return append(buf, '}')
+	})
 }
 
 type addBody struct {
@@ -212,9 +227,88 @@ func byRequest(op func(model, tenant, id string) error) http.HandlerFunc {
 	}
 }
 
+// Bounds of a streamed answer (GET /loads, GET /workers).
+const (
+	// listPage is how many rows are copied from the tracker at a time.
+	listPage = 256
+	// listFlush is how many bytes are encoded before they are written.
+	listFlush = 32 << 10
+)
+
+// loads answers GET /loads streamed (see stream).
 func (h *handler) loads(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	writeJSON(w, http.StatusOK, h.tr.Loads(q.Get("model_name"), q.Get("tenant_id")))
+	var enc names
+	stream(w, r, h.tr.LoadPages(q.Get("model_name"), q.Get("tenant_id"), listPage), func(buf []byte, l slots.Load) []byte {
+		buf = enc.append(buf, `{"model_name":`, l.Model, `,"tenant_id":`, l.Tenant, `,"worker_id":`)
+		buf = strconv.AppendUint(buf, l.WorkerID, 10)
+		buf = append(buf, `,"dp_rank":`...)
+		buf = strconv.AppendUint(buf, uint64(l.DPRank), 10)
+		buf = append(buf, `,"active_prefill_tokens":`...)
+		buf = strconv.AppendUint(buf, l.ActivePrefillTokens, 10)
+		buf = append(buf, `,"active_decode_blocks":`...)
+		buf = strconv.AppendUint(buf, l.ActiveDecodeBlocks, 10)
+		return append(buf, '}')
+	})
+}
+
+// stream answers 200 with the JSON array of the rows of pages, each
+// appended by row, as encoding/json's Encoder writes it
+// (TestListsStreamed). A page at a time is copied from the tracker (its
+// lock held for the copy only), encoded and written about listFlush bytes
+// at a time, so that a client that reads slowly holds about that and a
+// page, never the whole answer (40 MB of /loads at the caps). A listing
+// that changes while it is written may miss a row that came or list one
+// that went.
+func stream[T any](w http.ResponseWriter, r *http.Request, pages iter.Seq[[]T], row func([]byte, T) []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return
+	}
+	bp := buffers.Get().(*[]byte)
+	buf := append((*bp)[:0], '[')
+	first := true
+	for page := range pages {
+		for _, v := range page {
+			if !first {
+				buf = append(buf, ',')
+			}
+			first = false
+			buf = row(buf, v)
+			if len(buf) >= listFlush {
+				if _, err := w.Write(buf); err != nil {
+					return
+				}
+				buf = buf[:0]
+			}
+		}
+	}
+	buf = append(buf, ']', '\n')
+	_, _ = w.Write(buf)
+	if cap(buf) <= maxPooledBuffer {
+		*bp = buf
+		buffers.Put(bp)
+	}
+}
+
+// names appends a row's two names as encoding/json encodes them, between
+// the literal keys before, mid and after; their encoding is kept while
+// they repeat (the rows of one model and tenant).
+type names struct {
+	a, b    string
+	encoded []byte // before, a, mid, b and after, encoded
+	ok      bool
+}
+
+func (n *names) append(buf []byte, before, a, mid, b, after string) []byte {
+	if !n.ok || a != n.a || b != n.b {
+		ja, _ := json.Marshal(a)
+		jb, _ := json.Marshal(b)
+		n.encoded = append(append(append(append(append(n.encoded[:0], before...), ja...), mid...), jb...), after...)
+		n.a, n.b, n.ok = a, b, true
+	}
+	return append(buf, n.encoded...)
 }
 
 type potentialBody struct {

@@ -300,7 +300,7 @@ func (e *estimator) pass() {
 	for _, l := range e.cfg.Tracker.Loads("", "") {
 		k := rankKey{workerKey{l.Model, l.WorkerID}, l.DPRank}
 		s := sums[k]
-		sums[k] = [2]uint64{s[0] + l.ActiveDecodeBlocks, s[1] + l.ActivePrefillTokens}
+		sums[k] = [2]uint64{slots.SaturatingAdd(s[0], l.ActiveDecodeBlocks), slots.SaturatingAdd(s[1], l.ActivePrefillTokens)}
 		if l.ActiveDecodeBlocks > 0 || l.ActivePrefillTokens > 0 {
 			loaded[k.w] = true
 		}
