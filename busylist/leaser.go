@@ -836,7 +836,7 @@ func newLeaserMetrics(reg prometheus.Registerer) (leaserMetrics, error) {
 		dupes:    c("workermon_lease_duplicate_monitors_total", "Other processes seen announcing this monitor's id after it had started (each refuses to start; this one keeps running)."),
 		held:     g("workermon_lease_partitions_held", "Partitions this monitor holds."),
 		live:     g("workermon_lease_live_monitors", "Monitors seen alive (announce changed within the lease TTL), this one included."),
-		foreign:  g("workermon_lease_foreign_partition_count", "1 when the leases bucket holds leases of another --partitions: this monitor takes nothing."),
+		foreign:  g("workermon_lease_partitions_mismatch", "1 when the leases bucket holds leases of another --partitions: this monitor takes nothing."),
 	}
 	if err := promreg.All(reg, m.gains, m.losses, m.releases, m.fenced, m.dupes, m.held, m.live, m.foreign); err != nil {
 		return m, fmt.Errorf("busylist: leaser: %w", err)

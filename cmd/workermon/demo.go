@@ -110,6 +110,7 @@ func (o *demoOptions) flags(fs *flag.FlagSet) {
 type demo struct {
 	monitor    *service
 	router     *routerService
+	routerReg  *prometheus.Registry
 	fleet      *sim.Fleet
 	model      string
 	reschedule bool
@@ -140,12 +141,12 @@ func startDemo(ctx context.Context, o demoOptions, log *slog.Logger) (_ *demo, e
 		return nil, err
 	}
 	o.router.natsURL = d.monitor.natsURL
-	routerReg := newRegistry()
-	if d.router, err = startRouter(o.router, log.With("part", "router"), routerReg); err != nil {
+	d.routerReg = newRegistry()
+	if d.router, err = startRouter(o.router, log.With("part", "router"), d.routerReg); err != nil {
 		return nil, err
 	}
 	// The monitor's board shows the router's rejections too.
-	d.monitor.boardCounts.set(board.GatheredCounts(routerReg))
+	d.monitor.boardCounts.set(board.GatheredCounts(d.routerReg))
 	return d, nil
 }
 
