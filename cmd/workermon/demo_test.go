@@ -100,3 +100,35 @@ func TestDemoCommandRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoSustainedAllBusy runs `workermon demo` with its default fleet,
+// thresholds and load over a shortened cycle: at the peak every worker
+// stays busy for seconds, so the router answers 503 for seconds, and the
+// summary lines show it ("ALL BUSY 2.0s → 503", "longest 5.1s").
+func TestDemoSustainedAllBusy(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	code := run([]string{"demo", "--embedded-nats-addr", "127.0.0.1:0", "--monitor-addr", "127.0.0.1:0", "--router-addr", "127.0.0.1:0",
+		"--period", "20s", "--duration", "20s", "--interval", "500ms"}, &out, io.Discard)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, out.String())
+	}
+	const want = 2 * time.Second
+	var longest, running time.Duration
+	for line := range strings.Lines(out.String()) {
+		if _, rest, ok := strings.Cut(line, "ALL BUSY "); ok {
+			if d, err := time.ParseDuration(strings.Fields(rest)[0]); err == nil {
+				running = max(running, d)
+			}
+		}
+		if _, rest, ok := strings.Cut(line, "× longest "); ok {
+			if d, err := time.ParseDuration(strings.Fields(rest)[0]); err == nil {
+				longest = max(longest, d)
+			}
+		}
+	}
+	if running < want || longest < want {
+		t.Errorf("the summary lines show all busy for at most %v (under way) and %v (longest), want %v or more:\n%s",
+			running, longest, want, out.String())
+	}
+}
