@@ -17,8 +17,8 @@ import (
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/kvbucket"
 	"github.com/workermon/workermon/internal/natstest"
-	"github.com/workermon/workermon/natsconn"
 	"github.com/workermon/workermon/internal/syncbuf"
+	"github.com/workermon/workermon/natsconn"
 )
 
 // TestWatchLines runs `workermon watch` with its output not a terminal
