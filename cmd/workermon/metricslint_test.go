@@ -220,13 +220,15 @@ func TestMetricsLintServeRouter(t *testing.T) {
 	lintGathered(t, "router", routerReg, routerWant...)
 }
 
-// TestMetricsLintSlots: the slot tracker after registrations, requests,
-// refusals of every cap and expiries.
+// TestMetricsLintSlots: the slot tracker, fed from the worker registry
+// too, after registrations, requests, refusals of its caps and expiries.
 func TestMetricsLintSlots(t *testing.T) {
 	t.Parallel()
+	srv := natstest.Start(t, nil)
 	clock := &slotsTestClock{t: time.Unix(1_800_000_000, 0)}
 	o := defaultSlotsOptions()
 	o.httpAddr = "127.0.0.1:0"
+	o.fromRegistry, o.natsURL = true, srv.ClientURL()
 	o.tracker.Now = clock.now
 	o.tracker.MaxWorkers, o.tracker.MaxTotalRanks, o.tracker.MaxHashesPerRequest, o.tracker.MaxBlocks = 2, 3, 3, 4
 	reg := newRegistry()
@@ -247,7 +249,8 @@ func TestMetricsLintSlots(t *testing.T) {
 	}
 	slotsTestDo(t, "GET", base+"/loads", "")
 	clock.add(o.tracker.RequestTTL)
-	lintGathered(t, "slots", reg, "workermon_slots_workers", "workermon_slots_rejected_total", "workermon_slots_expired_total")
+	lintGathered(t, "slots", reg, "workermon_slots_workers", "workermon_slots_rejected_total", "workermon_slots_expired_total",
+		"workermon_nats_server_info")
 }
 
 // TestMetricsLintScrape: `workermon scrape` after good scrapes of the
