@@ -30,7 +30,7 @@ const (
 	// DefaultDemoMinRPS and DefaultDemoMaxRPS bound the ramp. The default
 	// fleet serves about 9 requests per second; from about a third of the
 	// way up the standard and critical requests alone are more than that,
-	// and at the peak the critical ones alone keep the workers busy.
+	// and near the peak the critical ones alone almost are.
 	DefaultDemoMinRPS = 2
 	DefaultDemoMaxRPS = 75
 	// DefaultDemoDecodeSpeed (tokens per second of one request) and
@@ -132,7 +132,7 @@ type demo struct {
 	reschedule bool
 	tmpDir     string
 	// streaks times the model's all-busy periods as the router sees them
-	// (watchStreaks).
+	// (its watch runs beside runDemo's summary loop).
 	streaks allBusyStreaks
 }
 
