@@ -63,8 +63,8 @@ up: images ## build the images, start the compose stack (and PROFILES) and wait 
 down: ## stop the docker compose stack and remove its containers, networks and volumes
 	$(ALL) down -v --remove-orphans
 
-ps: ## the stack's containers, their state and health
-	$(ALL) ps
+ps: ## the stack's containers, stopped ones included, their state and health
+	$(ALL) ps -a
 
 logs: ## follow the logs of service S (every service without S)
 	$(ALL) logs -f $(S)
