@@ -41,17 +41,53 @@ DOCKER              ?= docker
 COMPOSE             ?= $(shell $(DOCKER) compose version >/dev/null 2>&1 && echo "$(DOCKER) compose" || echo docker-compose)
 COMPOSE_PROJECT     ?= workermon
 INTEGRATION_TIMEOUT ?= 20m
+# PROFILES: the compose profiles `make up` starts besides the default
+# services (load, scrape, observability), e.g. `make up PROFILES="load scrape"`.
+PROFILES            ?=
+# S: the compose service of `make logs`, `stop`, `start`, `kill` and `exec`
+# (monitor, monitor-2, router, sim1, load...); CMD: the command of `make exec`.
+S                   ?=
+CMD                 ?=
+# The stack's compose command, for either Compose v2 or v1, with the project
+# name; ALL names every profile, so that a command finds every service.
+STACK               = COMPOSE_PROJECT_NAME=$(COMPOSE_PROJECT) $(COMPOSE)
+ALL                 = $(STACK) --profile load --profile scrape --profile observability
 
-.PHONY: images up down integration versions
+.PHONY: images up down ps logs stop start kill exec status integration versions
 
 images: ## build the images workermon:dev and workermon-nats:dev offline (FROM scratch)
 	GO="$(GO)" DOCKER="$(DOCKER)" ./deploy/images.sh
 
-up: images ## build the images, start the docker compose stack and wait until it is healthy
-	COMPOSE="$(COMPOSE)" COMPOSE_PROJECT_NAME=$(COMPOSE_PROJECT) ./deploy/compose-up.sh
+up: images ## build the images, start the compose stack (and PROFILES) and wait until it is healthy; starts stopped services too
+	COMPOSE="$(COMPOSE)$(foreach p,$(PROFILES), --profile $(p))" COMPOSE_PROJECT_NAME=$(COMPOSE_PROJECT) ./deploy/compose-up.sh
 
 down: ## stop the docker compose stack and remove its containers, networks and volumes
-	COMPOSE_PROJECT_NAME=$(COMPOSE_PROJECT) $(COMPOSE) --profile load --profile scrape --profile observability down -v --remove-orphans
+	$(ALL) down -v --remove-orphans
+
+ps: ## the stack's containers, stopped ones included, their state and health
+	$(ALL) ps -a
+
+logs: ## follow the logs of service S (every service without S)
+	$(ALL) logs -f $(S)
+
+stop: ## stop service S (make stop S=sim3); `make start S=sim3` starts it again
+	@test -n "$(S)" || { echo 'make stop: name the service: make stop S=monitor' >&2; exit 2; }
+	$(ALL) stop $(S)
+
+start: ## start service S again after `make stop`, `make kill` or a `docker kill`
+	@test -n "$(S)" || { echo 'make start: name the service: make start S=monitor' >&2; exit 2; }
+	$(ALL) start $(S)
+
+kill: ## SIGKILL service S; Docker counts it as a manual stop and does not restart it: `make start S=...`
+	@test -n "$(S)" || { echo 'make kill: name the service: make kill S=monitor' >&2; exit 2; }
+	$(ALL) kill $(S)
+
+exec: ## run CMD in service S, e.g. make exec S=monitor CMD="workermon status"
+	@test -n "$(S)" -a -n "$(CMD)" || { echo 'make exec: give S and CMD: make exec S=monitor CMD="workermon status"' >&2; exit 2; }
+	$(ALL) exec -T $(S) $(CMD)
+
+status: ## `workermon status` of the stack's first monitor
+	$(ALL) exec -T monitor workermon status
 
 integration: images ## the container tests (Docker needed; fails without it; never pulls), then `make versions`
 	$(GO) test -tags integration -count=1 -timeout $(INTEGRATION_TIMEOUT) -v ./integration/

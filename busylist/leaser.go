@@ -1227,7 +1227,7 @@ func newLeaserMetrics(reg prometheus.Registerer) (leaserMetrics, error) {
 			"Times this monitor stopped writing and gave back every partition it held on seeing a lease of another --partitions."),
 		held:    g("workermon_lease_partitions_held", "Partitions this monitor holds."),
 		live:    g("workermon_lease_live_monitors", "Monitors seen alive (announce changed within the lease TTL), this one included."),
-		foreign: g("workermon_lease_foreign_partition_count", "1 when the leases bucket holds leases of another --partitions: this monitor holds and takes nothing."),
+		foreign: g("workermon_lease_partitions_mismatch", "1 when the leases bucket holds leases of another --partitions: this monitor holds and takes nothing."),
 	}
 	if err := promreg.All(reg, m.gains, m.losses, m.releases, m.fenced, m.dupes, m.foreignStops, m.held, m.live, m.foreign); err != nil {
 		return m, fmt.Errorf("busylist: leaser: %w", err)

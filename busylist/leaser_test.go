@@ -186,7 +186,7 @@ func TestLeaserForeignGone(t *testing.T) {
 	if held := l.Held(); len(held) != 0 || settled() || l.Foreign() != LeaseKey(3, 1) {
 		t.Fatalf("with a lease of 3 partitions in the bucket: holds %v, settled %v, foreign %q", held, settled(), l.Foreign())
 	}
-	if v := metric(t, reg, "workermon_lease_foreign_partition_count"); v != 1 {
+	if v := metric(t, reg, "workermon_lease_partitions_mismatch"); v != 1 {
 		t.Fatalf("foreign gauge %v, want 1", v)
 	}
 	// The old monitor's lease goes (here deleted; aged out, it is swept).
@@ -203,7 +203,7 @@ func TestLeaserForeignGone(t *testing.T) {
 	}
 	// Settled once the OnAcquire calls of the round have returned.
 	natstest.WaitFor(t, 5*time.Second, "settled", settled)
-	if v := metric(t, reg, "workermon_lease_foreign_partition_count"); v != 0 {
+	if v := metric(t, reg, "workermon_lease_partitions_mismatch"); v != 0 {
 		t.Errorf("foreign gauge %v, want 0", v)
 	}
 }

@@ -5,8 +5,9 @@
 #
 # Environment: COMPOSE (the compose command), COMPOSE_PROJECT_NAME
 # (workermon), WAIT_TIMEOUT (seconds, 180). Extra arguments go to `up`
-# (service names, --profile is a global option: set COMPOSE="docker compose
-# --profile observability").
+# (service names). --profile is a global option, so it goes in COMPOSE:
+# `make up PROFILES=observability` sets COMPOSE="<compose> --profile
+# observability", with Compose v2 or v1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -38,18 +38,37 @@
     cls(el, 'conn conn-' + state);
     text(el, label);
   }
+  // waiting says, until the first snapshot arrives, what the page waits
+  // for; gotFirst removes it.
+  function waiting(head, detail, down) {
+    const el = $('waiting');
+    if (!el) return;
+    cls(el, down ? 'waiting down' : 'waiting');
+    text($('waiting-head'), head);
+    if (detail) text($('waiting-text'), detail);
+  }
+  function gotFirst() {
+    const el = $('waiting');
+    if (el) el.remove();
+  }
   function connect() {
     es = new EventSource('board/events');
     es.addEventListener('snapshot', (e) => {
       lastChange = Date.now();
       render(JSON.parse(e.data));
+      gotFirst();
       setConn('live', 'live');
     });
-    es.onopen = () => setConn('live', 'live');
+    es.onopen = () => {
+      setConn('live', 'live');
+      waiting('Connected; waiting for the first snapshot…');
+    };
     es.onerror = () => {
       if (es.readyState === EventSource.CLOSED) {
         // Refused (too many viewers) or the server is gone: try again later.
         setConn('down', 'disconnected: retrying');
+        waiting('Cannot reach the event stream (board/events): retrying every 5 s…',
+          'The server refused the stream (too many viewers) or is not answering: check that the monitor (or router) is running and reachable from this browser.', true);
         es.close();
         setTimeout(connect, 5000);
       } else {
@@ -84,13 +103,15 @@
       el: el,
       badge: make('span', 'badge', head),
       counts: make('span', 'counts', head),
-      rejected: make('span', 'rejected', head),
+      turnedAway: make('span', 'turned-away', head),
       thresholds: make('div', 'thresholds', el),
       tilesEl: make('div', 'tiles', el),
       tiles: new Map(), // worker id -> tile state
       countsKey: '',
     };
-    sec.rejected.hidden = true;
+    sec.turnedAway.hidden = true;
+    sec.turnedAway.title = 'requests for this model the router did not admit since it started, for any reason: ' +
+      'every worker busy, sheddable requests shed, a stale list when failing closed';
     return sec;
   }
 
@@ -130,16 +151,19 @@
       if (n.cordoned) add('cordoned', n.cordoned, 'cordoned');
       if (n.unlisted) add('unlisted', n.unlisted, 'unlisted');
     }
+    // Every refusal for the model, whatever the reason: the header splits
+    // the router's refusals into all busy and shed.
     if (m.rejected != null) {
-      sec.rejected.hidden = false;
+      sec.turnedAway.hidden = false;
       const s = fmt.format(m.rejected);
-      if (sec.rejected.dataset.v !== s) {
-        sec.rejected.dataset.v = s;
-        sec.rejected.replaceChildren(document.createTextNode('rejected '), make('b'));
-        sec.rejected.lastChild.textContent = s;
+      if (sec.turnedAway.dataset.v !== s) {
+        sec.turnedAway.dataset.v = s;
+        sec.turnedAway.replaceChildren(document.createTextNode('turned away '), make('b'),
+          document.createTextNode(' (all reasons)'));
+        sec.turnedAway.children[0].textContent = s;
       }
     } else {
-      sec.rejected.hidden = true;
+      sec.turnedAway.hidden = true;
     }
     let th = 'thresholds: ' + thresholdsText(m.thresholds);
     if (m.updated_at) th += ' · record written ' + new Date(m.updated_at).toLocaleTimeString();
@@ -276,10 +300,11 @@
       stale += m.counts.stale;
       if (m.all_busy) allBusy++;
     }
-    const item = (v, label) => {
-      const s = make('span', '', el);
+    const item = (v, label, key, title) => {
+      const s = make('span', key ? 'a-' + key : '', el);
       make('b', '', s).textContent = fmt.format(v);
       s.appendChild(document.createTextNode(' ' + label));
+      if (title) s.title = title;
     };
     item(snap.models.length, snap.models.length === 1 ? 'model' : 'models');
     item(workers, 'workers');
@@ -297,10 +322,18 @@
       });
     }
     const a = snap.admissions;
+    // The router's decisions since it started, by outcome: refused because
+    // every worker was busy (its --reject-status, 503) apart from the
+    // sheddable requests shed (its --shed-status, 429). A model's card
+    // counts both, and any other refusal, as "turned away".
     if (a) {
-      item(a.admitted || 0, 'admitted');
-      item(a.rejected || 0, 'rejected');
-      if (a.shed) item(a.shed, 'shed (low priority)');
+      item(a.admitted || 0, 'admitted', 'admitted', 'requests the router let through');
+      item(a.rejected || 0, 'refused: all busy', 'all-busy',
+        'requests refused because every worker of their model was busy (the router\u2019s reject status, 503 by default)');
+      if (a.shed) {
+        item(a.shed, 'shed: low priority', 'shed',
+          'sheddable requests (priority below 0) refused because every free worker was near its thresholds (the shed status, 429 by default)');
+      }
     }
   }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
+	"github.com/workermon/workermon/board"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/publisher"
 )
@@ -101,45 +103,10 @@ func TestBoardInBrowser(t *testing.T) {
 		}
 	}
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox,
-		chromedp.WindowSize(1280, 900))
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(cancelAlloc)
-	ctx, cancel := chromedp.NewContext(allocCtx)
-	t.Cleanup(cancel)
-	var errsMu sync.Mutex
-	var jsErrors []string
-	if err := chromedp.Listen(ctx, func(ev any) {
-		if e, ok := ev.(*runtime.EventExceptionThrown); ok {
-			errsMu.Lock()
-			d := e.ExceptionDetails
-			msg := fmt.Sprintf("%s (%s:%d:%d)", d.Text, d.URL, d.LineNumber+1, d.ColumnNumber+1)
-			if d.Exception != nil {
-				msg += ": " + d.Exception.Description
-			}
-			jsErrors = append(jsErrors, msg)
-			errsMu.Unlock()
-		}
-	}); err != nil {
-		t.Fatalf("start Chromium %s: %v", chrome, err)
-	}
-	url := "http://" + svc.httpAddr + "/"
-	if err := chromedp.Do(ctx, chromedp.Navigate(url)); err != nil {
-		t.Fatalf("open %s: %v", url, err)
-	}
+	b := openBrowser(t, chrome, "http://"+svc.httpAddr+"/")
+	ctx, poll := b.ctx, b.poll
 	tile := func(m string, id int) string {
 		return fmt.Sprintf(`document.querySelector('section[data-model=%q] .tile[data-worker="%d"]')`, m, id)
-	}
-	// poll waits, in the page, until expr is true, re-checking on every
-	// change of the DOM.
-	poll := func(what, expr string, timeout time.Duration) time.Duration {
-		t.Helper()
-		start := time.Now()
-		if _, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingMutation(),
-			chromedp.WithPollingTimeout(timeout))); err != nil {
-			t.Fatalf("%s: not within %v: %v", what, timeout, err)
-		}
-		return time.Since(start)
 	}
 
 	poll("the model and its 24 workers appear, free", fmt.Sprintf(
@@ -178,9 +145,171 @@ func TestBoardInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("screenshot: %s (%d bytes)", path, len(shot))
-	errsMu.Lock()
-	defer errsMu.Unlock()
-	if len(jsErrors) > 0 {
-		t.Fatalf("JavaScript errors on the page: %v", jsErrors)
+	b.checkErrors()
+}
+
+// browser is a headless Chromium page under test.
+type browser struct {
+	t   *testing.T
+	ctx context.Context
+
+	mu       sync.Mutex
+	jsErrors []string
+}
+
+// openBrowser starts chrome and opens url in it until the test ends.
+func openBrowser(t *testing.T, chrome, url string) *browser {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox,
+		chromedp.WindowSize(1280, 900))
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancelAlloc)
+	ctx, cancel := chromedp.NewContext(allocCtx)
+	t.Cleanup(cancel)
+	b := &browser{t: t, ctx: ctx}
+	if err := chromedp.Listen(ctx, func(ev any) {
+		if e, ok := ev.(*runtime.EventExceptionThrown); ok {
+			b.mu.Lock()
+			d := e.ExceptionDetails
+			msg := fmt.Sprintf("%s (%s:%d:%d)", d.Text, d.URL, d.LineNumber+1, d.ColumnNumber+1)
+			if d.Exception != nil {
+				msg += ": " + d.Exception.Description
+			}
+			b.jsErrors = append(b.jsErrors, msg)
+			b.mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatalf("start Chromium %s: %v", chrome, err)
 	}
+	if err := chromedp.Do(ctx, chromedp.Navigate(url)); err != nil {
+		t.Fatalf("open %s: %v", url, err)
+	}
+	return b
+}
+
+// poll waits, in the page, until expr is true, re-checking on every change
+// of the DOM.
+func (b *browser) poll(what, expr string, timeout time.Duration) time.Duration {
+	b.t.Helper()
+	start := time.Now()
+	if _, err := chromedp.Run(b.ctx, chromedp.Poll[bool](expr, chromedp.WithPollingMutation(),
+		chromedp.WithPollingTimeout(timeout))); err != nil {
+		b.t.Fatalf("%s: not within %v: %v", what, timeout, err)
+	}
+	return time.Since(start)
+}
+
+// text returns the text of the first element that selector matches ("" when
+// none).
+func (b *browser) text(selector string) string {
+	b.t.Helper()
+	s, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](fmt.Sprintf(
+		`(e => e === null ? "" : e.textContent.replace(/\s+/g, " ").trim())(document.querySelector(%q))`, selector)))
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return s
+}
+
+// screenshot saves the page in screenshotDir as name.
+func (b *browser) screenshot(name string) {
+	b.t.Helper()
+	shot, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	path := filepath.Join(screenshotDir(b.t), name)
+	if err := os.WriteFile(path, shot, 0o644); err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Logf("screenshot: %s (%d bytes)", path, len(shot))
+}
+
+// checkErrors fails the test if the page threw.
+func (b *browser) checkErrors() {
+	b.t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.jsErrors) > 0 {
+		b.t.Fatalf("JavaScript errors on the page: %v", b.jsErrors)
+	}
+}
+
+// heldSource is a board.Source whose first Snapshot waits until release is
+// closed, as a server that has not read its state yet.
+type heldSource struct {
+	release chan struct{}
+	snap    board.Snapshot
+}
+
+func (s *heldSource) Snapshot(ctx context.Context) (board.Snapshot, error) {
+	select {
+	case <-s.release:
+		return s.snap, nil
+	case <-ctx.Done():
+		return board.Snapshot{}, ctx.Err()
+	}
+}
+
+// TestBoardWaitingAndCounts opens a board whose first snapshot is held
+// back: the page shows its skeleton and what it waits for, not just
+// "connecting…"; once the snapshot arrives, the header names the router's
+// refusals apart (all busy, shed) and the model's card counts every
+// refusal as "turned away", so the two numbers no longer share a name.
+func TestBoardWaitingAndCounts(t *testing.T) {
+	chrome := findChromium()
+	if chrome == "" {
+		t.Skipf("Chromium not found (looked for %v on PATH and $WORKERMON_CHROMIUM): "+
+			"install it with `apt-get install -y chromium` (.ci/run does)", chromiumNames)
+	}
+	t.Parallel()
+	turnedAway := uint64(7)
+	src := &heldSource{release: make(chan struct{}), snap: board.Snapshot{Kind: board.KindMonitor, Name: "mon-1",
+		Admissions: map[string]uint64{"admitted": 40, "rejected": 5, "shed": 2},
+		Models: []board.Model{{Name: "m1", AllBusy: true, Rejecting: true, Rejected: &turnedAway,
+			Counts:  board.Counts{Busy: 1},
+			Workers: []board.Worker{{ID: 1, State: board.StateBusy, Reason: "kv"}}}}}}
+	cfg := board.DefaultConfig()
+	cfg.Source, cfg.ReadTimeout = src, time.Minute
+	bd, err := board.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bd.Close() })
+	srv := httptest.NewServer(bd)
+	t.Cleanup(srv.Close)
+
+	b := openBrowser(t, chrome, srv.URL+"/")
+	b.poll("the stream connected", `document.getElementById("conn").textContent === "live"`, 10*time.Second)
+	for sel, want := range map[string]string{
+		"#waiting-head":             "waiting for the first snapshot",
+		"#waiting-text":             "board/events",
+		"#waiting .tiles":           "",
+		"#summary span:first-child": "– models",
+		"#summary span:last-child":  "– stale",
+		"#waiting .skeleton":        "model",
+	} {
+		if got := b.text(sel); !strings.Contains(strings.ToLower(got), strings.ToLower(want)) {
+			t.Errorf("before the first snapshot, %s shows %q, want %q in it", sel, got, want)
+		}
+	}
+	b.screenshot("board-waiting.png")
+	close(src.release)
+	b.poll("the first snapshot rendered", `document.getElementById("waiting") === null && document.querySelector('section[data-model="m1"]') !== null`,
+		10*time.Second)
+	for sel, want := range map[string]string{
+		"#summary .a-admitted":                  "40 admitted",
+		"#summary .a-all-busy":                  "5 refused: all busy",
+		"#summary .a-shed":                      "2 shed: low priority",
+		`section[data-model="m1"] .turned-away`: "turned away 7 (all reasons)",
+	} {
+		if got := b.text(sel); got != want {
+			t.Errorf("%s shows %q, want %q", sel, got, want)
+		}
+	}
+	if got := b.text("#summary") + " " + b.text(`section[data-model="m1"] .model-head`); strings.Contains(got, "rejected") {
+		t.Errorf("the header and the card still say \"rejected\": %q", got)
+	}
+	b.screenshot("board-counts.png")
+	b.checkErrors()
 }

@@ -28,9 +28,22 @@ const (
 	// DefaultDemoPeriod is one cycle of the load ramp: up, then down.
 	DefaultDemoPeriod = time.Minute
 	// DefaultDemoMinRPS and DefaultDemoMaxRPS bound the ramp. The default
-	// fleet serves about 25 requests per second; the peak is well past it.
+	// fleet serves about 9 requests per second; from about a third of the
+	// way up the standard and critical requests alone are more than that,
+	// and near the peak the critical ones alone almost are.
 	DefaultDemoMinRPS = 2
 	DefaultDemoMaxRPS = 75
+	// DefaultDemoDecodeSpeed (tokens per second of one request) and
+	// DefaultDemoMaxTokens make a request hold its KV cache for about 6.5 s,
+	// as a long answer does: once every worker is busy, what they hold
+	// keeps them busy for seconds, so the router answers 503 for seconds
+	// rather than for the moment one request takes to end.
+	DefaultDemoDecodeSpeed = 20
+	DefaultDemoMaxTokens   = 128
+	// DefaultDemoReleaseMargin is the demo's hysteresis (--release-margin):
+	// a busy rank is free again only below 70 % of its threshold, so one
+	// finished request does not free it.
+	DefaultDemoReleaseMargin = 0.3
 	// DefaultDemoDecodeThreshold is the demo's KV-cache threshold.
 	DefaultDemoDecodeThreshold = 0.7
 	// DefaultDemoPrefillThreshold is the demo's prefill threshold in tokens
@@ -73,7 +86,10 @@ func defaultDemoOptions() demoOptions {
 		ActiveDecodeBlocks:  events.Ptr(DefaultDemoDecodeThreshold),
 		ActivePrefillTokens: events.Ptr[uint64](DefaultDemoPrefillThreshold),
 	}
+	o.serve.monitor.ReleaseMargin = DefaultDemoReleaseMargin
 	o.fleet.Workers, o.fleet.Ranks = DefaultDemoWorkers, DefaultDemoRanks
+	o.fleet.Engine.DecodeSpeed = DefaultDemoDecodeSpeed
+	o.load.MaxTokens = DefaultDemoMaxTokens
 	o.fleet.Publish.Heartbeat = time.Second
 	o.load.Profile = loadgen.ProfileTriangle
 	o.load.MinRPS, o.load.MaxRPS, o.load.Period = DefaultDemoMinRPS, DefaultDemoMaxRPS, DefaultDemoPeriod
@@ -110,10 +126,20 @@ func (o *demoOptions) flags(fs *flag.FlagSet) {
 type demo struct {
 	monitor    *service
 	router     *routerService
+	routerReg  *prometheus.Registry
 	fleet      *sim.Fleet
 	model      string
 	reschedule bool
 	tmpDir     string
+	// streaks times the model's all-busy periods as the router sees them
+	// (its watch runs beside runDemo's summary loop).
+	streaks allBusyStreaks
+}
+
+// allBusy reports whether the router rejects the model's standard
+// requests because every worker is busy.
+func (d *demo) allBusy() bool {
+	return d.router.watcher.Decide(d.model).Reason == admission.ReasonAllBusy
 }
 
 // startDemo starts NATS and the monitor, the fleet and the router.
@@ -140,12 +166,12 @@ func startDemo(ctx context.Context, o demoOptions, log *slog.Logger) (_ *demo, e
 		return nil, err
 	}
 	o.router.natsURL = d.monitor.natsURL
-	routerReg := newRegistry()
-	if d.router, err = startRouter(o.router, log.With("part", "router"), routerReg); err != nil {
+	d.routerReg = newRegistry()
+	if d.router, err = startRouter(o.router, log.With("part", "router"), d.routerReg); err != nil {
 		return nil, err
 	}
 	// The monitor's board shows the router's rejections too.
-	d.monitor.boardCounts.set(board.GatheredCounts(routerReg))
+	d.monitor.boardCounts.set(board.GatheredCounts(d.routerReg))
 	return d, nil
 }
 
@@ -223,12 +249,18 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			}
 		}()
 	}
+	streaksDone := make(chan struct{})
+	go func() {
+		defer close(streaksDone)
+		d.streaks.watch(ctx, demoStreakPoll, d.allBusy)
+	}()
 	tick := time.NewTicker(o.interval)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			<-genDone
+			<-streaksDone
 			fmt.Fprintln(stdout, d.summary(gen))
 			fmt.Fprintln(stdout, "stopping: router, workers (goodbyes), monitor, NATS")
 			return nil
@@ -251,7 +283,7 @@ func (d *demo) banner(w io.Writer, o demoOptions) {
 	for _, wk := range d.fleet.Workers() {
 		fmt.Fprintf(w, "  worker %-4d  %s\n", wk.ID(), wk.Endpoint())
 	}
-	fmt.Fprintf(w, "\nthresholds: %s\n", thresholdsAttr(o.serve.monitor.Defaults))
+	fmt.Fprintf(w, "\nthresholds: %s, release margin %g\n", thresholdsAttr(o.serve.monitor.Defaults), o.serve.monitor.ReleaseMargin)
 	if !o.noLoad {
 		fmt.Fprintf(w, "load: %g → %g → %g requests/s every %v\n", o.load.MinRPS, o.load.MaxRPS, o.load.MinRPS, o.load.Period)
 	}
@@ -278,13 +310,14 @@ func (d *demo) summary(gen *loadgen.Generator) string {
 	if gen != nil {
 		b.WriteString(classesCell(gen.Stats().Classes))
 	}
-	fmt.Fprintf(&b, "%s busy %v hard %v free %v amber %v stale %v | all_busy changes %g", d.model, rec.Busy, rec.Hard,
-		rec.Free, rec.Amber, rec.Stale, metricSum(d.monitor.reg, "workermon_all_busy_changes_total"))
+	now := time.Now()
+	fmt.Fprintf(&b, "%s busy %v hard %v free %v amber %v stale %v | all_busy changes %g | %s", d.model, rec.Busy, rec.Hard,
+		rec.Free, rec.Amber, rec.Stale, metricSum(d.monitor.reg, "workermon_all_busy_changes_total"), d.streaks.cell(now))
 	if d.reschedule {
 		fmt.Fprintf(&b, " | migrated %g", metricSum(d.monitor.reg, "workermon_rescheduler_migrated_requests_total"))
 	}
-	if d.router.watcher.Decide(d.model).Reason == admission.ReasonAllBusy {
-		b.WriteString("  ALL BUSY → 503")
+	if d.allBusy() {
+		fmt.Fprintf(&b, "  ALL BUSY %.1fs → 503", d.streaks.current(now).Seconds())
 	}
 	return b.String()
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/natstest"
+	"github.com/workermon/workermon/internal/syncbuf"
 	"github.com/workermon/workermon/loadgen"
 )
 
@@ -99,4 +101,95 @@ func TestDemoCommandRuns(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
 	}
+}
+
+// TestDemoSustainedAllBusy runs `workermon demo` with its default fleet,
+// thresholds and load over a shortened cycle: at the peak every worker
+// stays busy for seconds, so the router answers 503 for seconds, the
+// summary lines show it ("ALL BUSY 2.0s → 503", "longest 5.1s") and so
+// does the board: its snapshots, read every 100 ms, mark the model all
+// busy for seconds on end.
+func TestDemoSustainedAllBusy(t *testing.T) {
+	t.Parallel()
+	var out syncbuf.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run([]string{"demo", "--embedded-nats-addr", "127.0.0.1:0", "--monitor-addr", "127.0.0.1:0", "--router-addr", "127.0.0.1:0",
+			"--period", "20s", "--duration", "20s", "--interval", "500ms"}, &out, io.Discard)
+	}()
+	var board string
+	natstest.WaitFor(t, 15*time.Second, "the board's URL in the banner", func() bool {
+		_, rest, ok := strings.Cut(out.String(), "board: ")
+		board, _, _ = strings.Cut(rest, " ")
+		return ok && strings.HasSuffix(board, "/")
+	})
+	// The board's view, as the page gets it: the longest run of snapshots
+	// with the model all busy.
+	var boardLongest time.Duration
+	var since time.Time
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var code int
+poll:
+	for {
+		select {
+		case code = <-done:
+			break poll
+		case now := <-tick.C:
+			allBusy, ok := boardAllBusy(board + "board/snapshot")
+			switch {
+			case !ok:
+			case allBusy && since.IsZero():
+				since = now
+			case allBusy:
+				boardLongest = max(boardLongest, now.Sub(since))
+			default:
+				since = time.Time{}
+			}
+		}
+	}
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, out.String())
+	}
+	const want = 2 * time.Second
+	var longest, running time.Duration
+	for line := range strings.Lines(out.String()) {
+		if _, rest, ok := strings.Cut(line, "ALL BUSY "); ok {
+			if d, err := time.ParseDuration(strings.Fields(rest)[0]); err == nil {
+				running = max(running, d)
+			}
+		}
+		if _, rest, ok := strings.Cut(line, "× longest "); ok {
+			if d, err := time.ParseDuration(strings.Fields(rest)[0]); err == nil {
+				longest = max(longest, d)
+			}
+		}
+	}
+	if running < want || longest < want {
+		t.Errorf("the summary lines show all busy for at most %v (under way) and %v (longest), want %v or more:\n%s",
+			running, longest, want, out.String())
+	}
+	if boardLongest < want {
+		t.Errorf("the board showed the model all busy for at most %v on end, want %v or more", boardLongest, want)
+	}
+	t.Logf("all busy for up to %v in the summary lines, %v on the board", longest, boardLongest)
+}
+
+// boardAllBusy reads a board snapshot and reports whether its first model
+// is all busy; ok is false when it could not be read.
+func boardAllBusy(url string) (allBusy, ok bool) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return false, false
+	}
+	defer resp.Body.Close()
+	var snap struct {
+		Models []struct {
+			AllBusy bool `json:"all_busy"`
+		} `json:"models"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&snap) != nil || len(snap.Models) == 0 {
+		return false, false
+	}
+	return snap.Models[0].AllBusy, true
 }

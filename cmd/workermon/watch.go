@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -59,6 +61,9 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	// Logs the server's version once connected, as every command does.
 	nc, err := natsconn.Connect(ctx, o.nats, log.With("component", "nats"))
+	if errors.Is(err, natsconn.ErrUnauthorized) {
+		return fmt.Errorf("%w\n%s", err, watchAuthHint(o.nats))
+	}
 	if err != nil {
 		return err
 	}
@@ -85,6 +90,27 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		cfg.Size = func() (int, int) { return terminalSize(f) }
 	}
 	return watch.Run(ctx, cfg)
+}
+
+// watchAuthHint says what to try when the server refused the connection:
+// which credentials the watch needs, and the user of the compose stack that
+// has them.
+func watchAuthHint(c natsconn.Config) string {
+	var b strings.Builder
+	if c.CredsFile == "" && c.NKeyFile == "" && c.User == "" && c.Token == "" && !strings.Contains(c.URL, "@") {
+		b.WriteString("  The server wants credentials: give those of a user that may read the " + events.BusyBucket + " bucket,\n" +
+			"  as a router's may, with --nats-user and --nats-password (or WORKERMON_NATS_USER and WORKERMON_NATS_PASSWORD),\n" +
+			"  --nats-creds, --nats-nkey or --nats-token.\n")
+	} else {
+		b.WriteString("  The server refused the credentials given")
+		if c.User != "" {
+			fmt.Fprintf(&b, " (user %q)", c.User)
+		}
+		b.WriteString(": check them; the user must be one that may read the " + events.BusyBucket + " bucket, as a router's may.\n")
+	}
+	b.WriteString("  Against the docker compose stack: --nats-user router --nats-password router-demo-password\n" +
+		"  (or the WORKERMON_NATS_ROUTER_PASSWORD you set for it; docs/operations.md, `workermon watch`).")
+	return b.String()
 }
 
 // isTerminal reports whether f is a terminal (a character device).

@@ -3,17 +3,22 @@ package main
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/kvbucket"
 	"github.com/workermon/workermon/internal/natstest"
 	"github.com/workermon/workermon/internal/syncbuf"
+	"github.com/workermon/workermon/natsconn"
 )
 
 // TestWatchLines runs `workermon watch` with its output not a terminal
@@ -143,4 +148,104 @@ func TestWatchUsage(t *testing.T) {
 			t.Errorf("%v: %v, want a usage error", args, err)
 		}
 	}
+}
+
+// TestWatchComposeUsers runs `workermon watch` against a real NATS server
+// with the users and permissions of deploy/nats/compose.conf: without
+// credentials, and with a wrong password, the error says what to try (the
+// router's user); with the router's user, as docs/operations.md says, it
+// shows the busy sets.
+func TestWatchComposeUsers(t *testing.T) {
+	// t.Setenv: compose.conf reads the passwords from the environment.
+	const routerPassword, monitorPassword = "router-test-password", "monitor-test-password"
+	for _, v := range []string{"ENGINE_1", "ENGINE_2", "ENGINE_3", "ENGINE_4"} {
+		t.Setenv("WORKERMON_NATS_"+v+"_PASSWORD", strings.ToLower(v)+"-test-password")
+	}
+	t.Setenv("WORKERMON_NATS_ROUTER_PASSWORD", routerPassword)
+	t.Setenv("WORKERMON_NATS_MONITOR_PASSWORD", monitorPassword)
+	opts, err := server.ProcessConfigFile(filepath.Join("..", "..", "deploy", "nats", "compose.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
+	opts.StoreDir, opts.NoLog, opts.NoSigs = t.TempDir(), true, true
+	srv := natstest.Start(t, opts)
+
+	// The monitor's user creates the bucket and writes a record.
+	nc := natstest.Connect(t, srv, nats.UserInfo("monitor", monitorPassword))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := kvbucket.Open(t.Context(), js, events.BusyBucket, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := events.BusySet{Model: "Qwen/Qwen3-0.6B", Free: []uint64{1, 2}, MonitorID: "monitor", Epoch: 1, Seq: 1,
+		UpdatedAt: time.Now().UnixNano()}
+	b, err := events.MarshalBusySet(&rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(t.Context(), events.ModelKey(rec.Model), b); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"no credentials", nil, []string{"Authorization Violation", "The server wants credentials", "--nats-user and --nats-password",
+			"--nats-user router --nats-password router-demo-password", "docs/operations.md"}},
+		{"wrong password", []string{"--nats-user", "router", "--nats-password", "wrong"},
+			[]string{"Authorization Violation", `refused the credentials given (user "router")`, "--nats-user router"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut syncbuf.Buffer
+			err := runWatch(t.Context(), append([]string{"--nats-url", srv.ClientURL()}, tc.args...), &out, &errOut)
+			if !errors.Is(err, natsconn.ErrUnauthorized) {
+				t.Fatalf("watch ended with %v, want an error matching natsconn.ErrUnauthorized", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("the error lacks %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+
+	t.Run("an engine's user", func(t *testing.T) {
+		var out, errOut syncbuf.Buffer
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() {
+			done <- runWatch(ctx, []string{"--nats-url", srv.ClientURL(), "--nats-user", "engine-1", "--nats-password", "engine_1-test-password"}, &out, &errOut)
+		}()
+		natstest.WaitFor(t, 15*time.Second, "a permissions error logged", func() bool {
+			return strings.Contains(strings.ToLower(errOut.String()), "permission")
+		})
+		cancel()
+		err := <-done
+		t.Logf("watch ended with %v; stderr:\n%s", err, errOut.String())
+		if out.String() != "" {
+			t.Errorf("an engine's user saw the busy sets:\n%s", out.String())
+		}
+	})
+
+	t.Run("the router's user", func(t *testing.T) {
+		var out, errOut syncbuf.Buffer
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() {
+			done <- runWatch(ctx, []string{"--nats-url", srv.ClientURL(), "--nats-user", "router", "--nats-password", routerPassword}, &out, &errOut)
+		}()
+		natstest.WaitFor(t, 10*time.Second, "the record's line", func() bool {
+			return strings.Contains(out.String(), "model=Qwen/Qwen3-0.6B all_busy=false busy=[] free=[1 2]")
+		})
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("watch ended with %v\n%s", err, errOut.String())
+		}
+	})
 }
