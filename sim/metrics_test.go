@@ -64,10 +64,10 @@ func TestMetricsPageIsVLLMShaped(t *testing.T) {
 		}
 		return inUse
 	})
-	if snap.BlockSize != uint32(cfg.Engine.BlockSize) {
-		t.Errorf("block size %d, want %d", snap.BlockSize, cfg.Engine.BlockSize)
+	if snap.BlockSize != sim.DefaultBlockSize {
+		t.Errorf("block size %d, want %d", snap.BlockSize, sim.DefaultBlockSize)
 	}
-	if snap.Ranks[0].Rank != 3 || snap.Ranks[1].KVTotalBlocks.Value != uint64(cfg.Engine.KVBlocks/2) {
+	if snap.Ranks[0].Rank != 3 || snap.Ranks[1].KVTotalBlocks.Value != sim.DefaultKVBlocks/2 {
 		t.Errorf("ranks %+v: want ranks 3 and 4, the second with half the blocks", snap.Ranks)
 	}
 }

@@ -68,6 +68,8 @@ import (
 	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/workermon/workermon/sim/stepengine"
 )
 
 // Sentinel errors. Configuration problems wrap ErrInvalidConfig; errors of
@@ -98,26 +100,17 @@ const DefaultRanks = 2
 // DefaultBaseWorkerID is the id of a Fleet's first worker; the others follow.
 const DefaultBaseWorkerID = 1
 
-// DefaultKVBlocks is the number of KV-cache blocks of each rank.
-const DefaultKVBlocks = 256
+// DefaultKVBlocks is the number of KV-cache blocks of each rank of the
+// default profile.
+const DefaultKVBlocks = stepengine.DefaultKVBlocks
 
-// DefaultBlockSize is the number of tokens per KV-cache block.
-const DefaultBlockSize = 16
+// DefaultBlockSize is the number of tokens per KV-cache block of the default
+// profile.
+const DefaultBlockSize = stepengine.DefaultBlockSize
 
-// DefaultMaxNumBatchedTokens is the prompt-token budget of one rank's
-// prefill batch.
-const DefaultMaxNumBatchedTokens = 2048
-
-// DefaultPrefillSpeed is how many prompt tokens per second one request
-// prefills.
-const DefaultPrefillSpeed = 4000
-
-// DefaultDecodeSpeed is how many tokens per second one request generates.
-const DefaultDecodeSpeed = 50
-
-// DefaultTick is how often the engine advances its requests while it has
-// work.
-const DefaultTick = 10 * time.Millisecond
+// DefaultMaxNumBatchedTokens is a step's token budget in the default
+// profile.
+const DefaultMaxNumBatchedTokens = stepengine.DefaultMaxBatchedTokens
 
 // DefaultMaxTokens is the max_tokens of a request that gives none.
 const DefaultMaxTokens = 64
