@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
@@ -62,7 +63,9 @@ type Generator struct {
 	client    *http.Client
 	transport *http.Transport // nil when the Config gives the transport
 	url       string
-	bodies    [][]byte // one request body per model
+	bodies    [][]byte // one request body per model (WorkloadFixed)
+	prompt    string   // the longest prompt of the workload; shorter ones are its prefixes
+	lengths   Lengths  // of the workload; zero for WorkloadFixed
 
 	sem     chan struct{} // one token per request in flight
 	next    atomic.Uint64 // the next model, in turn
@@ -102,9 +105,13 @@ func New(cfg Config, logger *slog.Logger) (*Generator, error) {
 		path = "/v1/chat/completions"
 	}
 	g.url = strings.TrimRight(cfg.Target, "/") + path
+	if l, ok := cfg.Workload.Lengths(); ok {
+		g.lengths, g.prompt = l, makePrompt(l.PromptMax)
+		return g, nil
+	}
 	prompt := makePrompt(cfg.PromptTokens)
 	for _, m := range cfg.Models {
-		body, err := requestBody(cfg, m, prompt)
+		body, err := requestBody(cfg, m, prompt, cfg.MaxTokens)
 		if err != nil {
 			return nil, fmt.Errorf("loadgen: encode request of model %q: %w", m, err)
 		}
@@ -137,7 +144,9 @@ func (g *Generator) Run(ctx context.Context) error {
 
 	tick := time.NewTicker(schedulerTick)
 	defer tick.Stop()
+	rng := rand.New(rand.NewPCG(g.cfg.Seed, arrivalStream))
 	last, credit := start, 0.0
+	next := start // the next Poisson arrival
 	for {
 		select {
 		case <-ctx.Done():
@@ -150,20 +159,57 @@ func (g *Generator) Run(ctx context.Context) error {
 			}
 			rate := g.cfg.RateAt(now.Sub(start))
 			g.rec.setTarget(rate)
+			if g.cfg.Arrivals == ArrivalsPoisson {
+				// After a stall, catch up on at most maxBurstSeconds.
+				if lag := now.Add(-maxBurstSeconds * time.Second); next.Before(lag) {
+					next = lag
+				}
+				for !next.After(now) {
+					r := g.cfg.RateAt(next.Sub(start))
+					if r <= 0 {
+						next = now.Add(schedulerTick)
+						break
+					}
+					g.launch(ctx, now, &wg, rng)
+					next = next.Add(time.Duration(rng.ExpFloat64() / r * float64(time.Second)))
+				}
+				continue
+			}
 			credit = min(credit+rate*now.Sub(last).Seconds(), max(1, rate*maxBurstSeconds))
 			last = now
 			for ; credit >= 1; credit-- {
-				g.launch(ctx, now, &wg)
+				g.launch(ctx, now, &wg, rng)
 			}
 		}
 	}
 }
 
+// arrivalStream is the second word of the seed of the arrivals' and
+// lengths' generator (the priorities' has its own).
+const arrivalStream = 0x6c656e67746873 // "lengths"
+
 // Stats returns a snapshot of the counters.
 func (g *Generator) Stats() Stats { return g.rec.stats(time.Now()) }
 
 // launch starts one request, or counts it dropped when the cap is reached.
-func (g *Generator) launch(ctx context.Context, now time.Time, wg *sync.WaitGroup) {
+// rng draws its lengths; only Run's goroutine uses it.
+func (g *Generator) launch(ctx context.Context, now time.Time, wg *sync.WaitGroup, rng *rand.Rand) {
+	var body []byte
+	maxTokens := g.cfg.MaxTokens
+	model := int((g.next.Add(1) - 1) % uint64(len(g.cfg.Models)))
+	if l := g.lengths; l.PromptMax > 0 {
+		// Drawn before the cap is checked, so that a seed gives the n-th
+		// offered request the same lengths whatever the server does.
+		prompt := l.PromptMin + rng.IntN(l.PromptMax-l.PromptMin+1)
+		maxTokens = l.OutputMin + rng.IntN(l.OutputMax-l.OutputMin+1)
+		var err error
+		if body, err = requestBody(g.cfg, g.cfg.Models[model], g.prompt[:4*prompt-1], maxTokens); err != nil {
+			g.log.Error("loadgen: encode request", "err", err)
+			return
+		}
+	} else {
+		body = g.bodies[model]
+	}
 	select {
 	case g.sem <- struct{}{}:
 	default:
@@ -179,16 +225,11 @@ func (g *Generator) launch(ctx context.Context, now time.Time, wg *sync.WaitGrou
 		}
 	}
 	g.rec.sent(now, class)
-	body := g.bodies[int((g.next.Add(1)-1)%uint64(len(g.bodies)))]
 	wg.Go(func() {
 		defer func() { <-g.sem }()
 		start := time.Now()
-		o, status, first := g.do(ctx, body, header)
-		end := time.Now()
-		ttft := end.Sub(start)
-		if !first.IsZero() {
-			ttft = first.Sub(start)
-		}
-		g.rec.done(end, class, o, status, end.Sub(start), ttft)
+		d := g.do(ctx, start, body, header, maxTokens)
+		d.class, d.start = class, now
+		g.rec.done(time.Now(), d)
 	})
 }
