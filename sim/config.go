@@ -52,6 +52,10 @@ type EngineConfig struct {
 	SpeedSkew []float64
 }
 
+// EngineProfiles returns the names of the engine profiles, the default
+// first.
+func EngineProfiles() []string { return stepengine.ProfileNames() }
+
 // DefaultEngineConfig returns the default profile with no override and no
 // skew.
 func DefaultEngineConfig() EngineConfig {
