@@ -52,7 +52,7 @@ func (o *simOptions) flags(fs *flag.FlagSet) {
 		"listen address of the fleet's /healthz (with the NATS server's version) and /metrics (workermon_nats_server_info); empty: none")
 	e := &f.Engine
 	fs.StringVar(&e.Profile, "engine-profile", e.Profile,
-		"simulated engine: "+strings.Join(sim.EngineProfiles(), ", ")+" (the flags below replace its values when set)")
+		"simulated engine: "+strings.Join(sim.EngineProfiles(), ", ")+"; --kv-blocks, --block-size, --max-batched-tokens, --max-num-seqs, --prefill-speed and --decode-speed replace its values when set")
 	fs.IntVar(&e.KVBlocks, "kv-blocks", e.KVBlocks, "KV-cache blocks per rank (0: the profile's)")
 	fs.IntVar(&e.BlockSize, "block-size", e.BlockSize, "tokens per KV block (0: the profile's)")
 	fs.IntVar(&e.MaxNumBatchedTokens, "max-batched-tokens", e.MaxNumBatchedTokens,
