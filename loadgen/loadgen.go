@@ -2,14 +2,19 @@
 // router, or an engine — and counts what comes back.
 //
 // The load is open-loop: requests start on the schedule of the rate profile
-// (constant, or a triangle wave between two rates) whatever the server does,
-// up to a cap on the requests in flight. A fraction of them is cancelled by
-// the client mid-way, to exercise cancellation along the path. Answers are
-// counted by outcome (200, 503, 429, other statuses, errors, cancellations)
-// in total and over a sliding window, with latency and time-to-first-token
-// percentiles of the successful ones. With a priority mix each request
-// carries a priority header (X-Workermon-Priority) drawn from the mix with
-// a seeded generator, and the answers are counted by priority class too.
+// (constant, or a triangle wave between two rates), evenly spaced or as a
+// seeded Poisson process, whatever the server does, up to a cap on the
+// requests in flight. Their prompt and output lengths are fixed or drawn
+// from a workload (chat, documents) with the same seed. A fraction of them
+// is cancelled by the client mid-way, to exercise cancellation along the
+// path. Answers are counted by outcome (200, 503, 429, other statuses,
+// errors, cancellations) in total and over a sliding window, with latency,
+// time-to-first-token and time-per-output-token percentiles of the
+// successful ones. Those latencies decide whether a request met the SLO
+// (Result.Good); the good ones make the goodput (Stats.Report). With a
+// priority mix each request carries a priority header (X-Workermon-Priority)
+// drawn from the mix with a seeded generator, and the answers are counted by
+// priority class too.
 //
 //	g, err := loadgen.New(cfg, logger)
 //	...
