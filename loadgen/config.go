@@ -33,6 +33,50 @@ const (
 	ProfileTriangle Profile = "triangle"
 )
 
+// Workload draws the prompt and output lengths of the requests (contract
+// §16): uniform in its ranges, in tokens.
+type Workload string
+
+// Workloads.
+const (
+	// WorkloadFixed gives every request Config.PromptTokens and
+	// Config.MaxTokens.
+	WorkloadFixed Workload = "fixed"
+	// WorkloadChat: prompt 128–512, output 64–256.
+	WorkloadChat Workload = "chat"
+	// WorkloadDocuments: prompt 2048–6144, output 64–256.
+	WorkloadDocuments Workload = "documents"
+)
+
+// Lengths are the ranges a workload draws from, in tokens, bounds included.
+type Lengths struct {
+	PromptMin, PromptMax, OutputMin, OutputMax int
+}
+
+// Lengths returns w's ranges; ok is false for WorkloadFixed and unknown
+// workloads.
+func (w Workload) Lengths() (l Lengths, ok bool) {
+	switch w {
+	case WorkloadChat:
+		return Lengths{128, 512, 64, 256}, true
+	case WorkloadDocuments:
+		return Lengths{2048, 6144, 64, 256}, true
+	}
+	return Lengths{}, false
+}
+
+// Arrivals is how the requests of a rate are spaced.
+type Arrivals string
+
+// Arrival processes.
+const (
+	// ArrivalsUniform spaces the requests evenly.
+	ArrivalsUniform Arrivals = "uniform"
+	// ArrivalsPoisson draws the gaps from an exponential distribution
+	// seeded by Config.Seed: a Poisson process of the rate.
+	ArrivalsPoisson Arrivals = "poisson"
+)
+
 // DefaultTarget is the server the generator calls: the router's default
 // address.
 const DefaultTarget = "http://127.0.0.1:8080"
@@ -102,11 +146,18 @@ type Config struct {
 	// request due while the cap is reached is not sent and counts as
 	// dropped, so a slow server does not slow the rate down.
 	Concurrency int
+	// Arrivals is how the requests of the rate are spaced.
+	Arrivals Arrivals
+	// Workload draws each request's prompt and max_tokens;
+	// WorkloadFixed uses PromptTokens and MaxTokens.
+	Workload Workload
 	// PromptTokens is the prompt size in tokens of four bytes (the
-	// simulated engine's count).
+	// simulated engine's count) of WorkloadFixed.
 	PromptTokens int
-	// MaxTokens is the max_tokens of every request.
+	// MaxTokens is the max_tokens of every request of WorkloadFixed.
 	MaxTokens int
+	// SLO is the latency targets of a good request (Result.Good).
+	SLO SLO
 	// Timeout bounds one request, answer included; a request that takes
 	// longer counts as an error.
 	Timeout time.Duration
@@ -127,8 +178,9 @@ type Config struct {
 	// of the shares. Stats.Classes then counts the answers by class. Nil:
 	// no header.
 	PriorityMix []PriorityShare
-	// Seed seeds the choice of priorities: two runs with the same seed and
-	// mix give the n-th request the same priority.
+	// Seed seeds the choice of priorities, the Poisson arrivals and the
+	// workload's lengths: two runs with the same seed and mix give the
+	// n-th request the same priority and lengths.
 	Seed uint64
 	// NoPriorityHeader chooses each request's priority from PriorityMix for
 	// Stats.Classes but sends no header: every request is standard at the
@@ -156,8 +208,11 @@ func DefaultConfig() Config {
 		MaxRPS:         DefaultMaxRPS,
 		Period:         DefaultPeriod,
 		Concurrency:    DefaultConcurrency,
+		Arrivals:       ArrivalsUniform,
+		Workload:       WorkloadFixed,
 		PromptTokens:   DefaultPromptTokens,
 		MaxTokens:      DefaultMaxTokens,
+		SLO:            SLO{TTFT: DefaultSLOTTFT, ITL: DefaultSLOITL},
 		Timeout:        DefaultTimeout,
 		CancelFraction: DefaultCancelFraction,
 		CancelAfter:    DefaultCancelAfter,
@@ -211,6 +266,15 @@ func (c Config) Validate() error {
 	}
 	if c.MaxTokens < 1 {
 		bad("MaxTokens", "%d is below 1", c.MaxTokens)
+	}
+	if c.Arrivals != ArrivalsUniform && c.Arrivals != ArrivalsPoisson {
+		bad("Arrivals", "%q is neither %q nor %q", c.Arrivals, ArrivalsUniform, ArrivalsPoisson)
+	}
+	if _, ok := c.Workload.Lengths(); !ok && c.Workload != WorkloadFixed {
+		bad("Workload", "%q is not %q, %q or %q", c.Workload, WorkloadFixed, WorkloadChat, WorkloadDocuments)
+	}
+	if c.SLO.TTFT <= 0 || c.SLO.ITL <= 0 {
+		bad("SLO", "TTFT %v and ITL %v must be positive", c.SLO.TTFT, c.SLO.ITL)
 	}
 	if c.Timeout <= 0 {
 		bad("Timeout", "%v is not positive", c.Timeout)

@@ -129,12 +129,13 @@ func TestRecorderWindow(t *testing.T) {
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	for i := range 20 { // one request a second, each taking 10 ms
 		r.sent(at(time.Duration(i)*time.Second), noClass)
-		r.done(at(time.Duration(i)*time.Second+10*time.Millisecond), noClass, outOK, 200, time.Duration(i+1)*time.Millisecond,
-			time.Duration(i+1)*time.Millisecond/2)
+		r.done(at(time.Duration(i)*time.Second+10*time.Millisecond), done{class: noClass, o: outOK,
+			start: at(time.Duration(i) * time.Second),
+			res:   Result{Status: 200, E2E: time.Duration(i+1) * time.Millisecond}})
 	}
 	r.dropped(at(19 * time.Second))
 	r.sent(at(19*time.Second), noClass)
-	r.done(at(19*time.Second), noClass, outUnavailable, 503, 0, 0)
+	r.done(at(19*time.Second), done{class: noClass, o: outUnavailable, start: at(19 * time.Second), res: Result{Status: 503}})
 
 	s := r.stats(at(19*time.Second + 500*time.Millisecond))
 	if s.Total.Sent != 21 || s.Total.OK != 20 || s.Total.Unavailable != 1 || s.Total.Dropped != 1 ||

@@ -2,14 +2,19 @@
 // router, or an engine — and counts what comes back.
 //
 // The load is open-loop: requests start on the schedule of the rate profile
-// (constant, or a triangle wave between two rates) whatever the server does,
-// up to a cap on the requests in flight. A fraction of them is cancelled by
-// the client mid-way, to exercise cancellation along the path. Answers are
-// counted by outcome (200, 503, 429, other statuses, errors, cancellations)
-// in total and over a sliding window, with latency and time-to-first-token
-// percentiles of the successful ones. With a priority mix each request
-// carries a priority header (X-Workermon-Priority) drawn from the mix with
-// a seeded generator, and the answers are counted by priority class too.
+// (constant, or a triangle wave between two rates), evenly spaced or as a
+// seeded Poisson process, whatever the server does, up to a cap on the
+// requests in flight. Their prompt and output lengths are fixed or drawn
+// from a workload (chat, documents) with the same seed. A fraction of them
+// is cancelled by the client mid-way, to exercise cancellation along the
+// path. Answers are counted by outcome (200, 503, 429, other statuses,
+// errors, cancellations) in total and over a sliding window, with latency,
+// time-to-first-token and time-per-output-token percentiles of the
+// successful ones. Those latencies decide whether a request met the SLO
+// (Result.Good); the good ones make the goodput (Stats.Report). With a
+// priority mix each request carries a priority header (X-Workermon-Priority)
+// drawn from the mix with a seeded generator, and the answers are counted by
+// priority class too.
 //
 //	g, err := loadgen.New(cfg, logger)
 //	...
@@ -23,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
@@ -62,7 +68,9 @@ type Generator struct {
 	client    *http.Client
 	transport *http.Transport // nil when the Config gives the transport
 	url       string
-	bodies    [][]byte // one request body per model
+	bodies    [][]byte // one request body per model (WorkloadFixed)
+	prompt    string   // the longest prompt of the workload; shorter ones are its prefixes
+	lengths   Lengths  // of the workload; zero for WorkloadFixed
 
 	sem     chan struct{} // one token per request in flight
 	next    atomic.Uint64 // the next model, in turn
@@ -102,9 +110,13 @@ func New(cfg Config, logger *slog.Logger) (*Generator, error) {
 		path = "/v1/chat/completions"
 	}
 	g.url = strings.TrimRight(cfg.Target, "/") + path
+	if l, ok := cfg.Workload.Lengths(); ok {
+		g.lengths, g.prompt = l, makePrompt(l.PromptMax)
+		return g, nil
+	}
 	prompt := makePrompt(cfg.PromptTokens)
 	for _, m := range cfg.Models {
-		body, err := requestBody(cfg, m, prompt)
+		body, err := requestBody(cfg, m, prompt, cfg.MaxTokens)
 		if err != nil {
 			return nil, fmt.Errorf("loadgen: encode request of model %q: %w", m, err)
 		}
@@ -137,7 +149,9 @@ func (g *Generator) Run(ctx context.Context) error {
 
 	tick := time.NewTicker(schedulerTick)
 	defer tick.Stop()
+	rng := rand.New(rand.NewPCG(g.cfg.Seed, arrivalStream))
 	last, credit := start, 0.0
+	next := start // the next Poisson arrival
 	for {
 		select {
 		case <-ctx.Done():
@@ -150,20 +164,57 @@ func (g *Generator) Run(ctx context.Context) error {
 			}
 			rate := g.cfg.RateAt(now.Sub(start))
 			g.rec.setTarget(rate)
+			if g.cfg.Arrivals == ArrivalsPoisson {
+				// After a stall, catch up on at most maxBurstSeconds.
+				if lag := now.Add(-maxBurstSeconds * time.Second); next.Before(lag) {
+					next = lag
+				}
+				for !next.After(now) {
+					r := g.cfg.RateAt(next.Sub(start))
+					if r <= 0 {
+						next = now.Add(schedulerTick)
+						break
+					}
+					g.launch(ctx, now, &wg, rng)
+					next = next.Add(time.Duration(rng.ExpFloat64() / r * float64(time.Second)))
+				}
+				continue
+			}
 			credit = min(credit+rate*now.Sub(last).Seconds(), max(1, rate*maxBurstSeconds))
 			last = now
 			for ; credit >= 1; credit-- {
-				g.launch(ctx, now, &wg)
+				g.launch(ctx, now, &wg, rng)
 			}
 		}
 	}
 }
 
+// arrivalStream is the second word of the seed of the arrivals' and
+// lengths' generator (the priorities' has its own).
+const arrivalStream = 0x6c656e67746873 // "lengths"
+
 // Stats returns a snapshot of the counters.
 func (g *Generator) Stats() Stats { return g.rec.stats(time.Now()) }
 
 // launch starts one request, or counts it dropped when the cap is reached.
-func (g *Generator) launch(ctx context.Context, now time.Time, wg *sync.WaitGroup) {
+// rng draws its lengths; only Run's goroutine uses it.
+func (g *Generator) launch(ctx context.Context, now time.Time, wg *sync.WaitGroup, rng *rand.Rand) {
+	var body []byte
+	maxTokens := g.cfg.MaxTokens
+	model := int((g.next.Add(1) - 1) % uint64(len(g.cfg.Models)))
+	if l := g.lengths; l.PromptMax > 0 {
+		// Drawn before the cap is checked, so that a seed gives the n-th
+		// offered request the same lengths whatever the server does.
+		prompt := l.PromptMin + rng.IntN(l.PromptMax-l.PromptMin+1)
+		maxTokens = l.OutputMin + rng.IntN(l.OutputMax-l.OutputMin+1)
+		var err error
+		if body, err = requestBody(g.cfg, g.cfg.Models[model], g.prompt[:4*prompt-1], maxTokens); err != nil {
+			g.log.Error("loadgen: encode request", "err", err)
+			return
+		}
+	} else {
+		body = g.bodies[model]
+	}
 	select {
 	case g.sem <- struct{}{}:
 	default:
@@ -179,16 +230,11 @@ func (g *Generator) launch(ctx context.Context, now time.Time, wg *sync.WaitGrou
 		}
 	}
 	g.rec.sent(now, class)
-	body := g.bodies[int((g.next.Add(1)-1)%uint64(len(g.bodies)))]
 	wg.Go(func() {
 		defer func() { <-g.sem }()
 		start := time.Now()
-		o, status, first := g.do(ctx, body, header)
-		end := time.Now()
-		ttft := end.Sub(start)
-		if !first.IsZero() {
-			ttft = first.Sub(start)
-		}
-		g.rec.done(end, class, o, status, end.Sub(start), ttft)
+		d := g.do(ctx, start, body, header, maxTokens)
+		d.class, d.start = class, now
+		g.rec.done(time.Now(), d)
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -54,9 +55,10 @@ type request struct {
 	Stream    bool          `json:"stream"`
 }
 
-// requestBody returns the JSON body of cfg's requests for model.
-func requestBody(cfg Config, model, prompt string) ([]byte, error) {
-	r := request{Model: model, MaxTokens: cfg.MaxTokens, Stream: cfg.Stream}
+// requestBody returns the JSON body of a request of cfg for model with
+// prompt and maxTokens.
+func requestBody(cfg Config, model, prompt string, maxTokens int) ([]byte, error) {
+	r := request{Model: model, MaxTokens: maxTokens, Stream: cfg.Stream}
 	if cfg.API == APIChat {
 		r.Messages = []chatMessage{{Role: "user", Content: prompt}}
 	} else {
@@ -65,11 +67,21 @@ func requestBody(cfg Config, model, prompt string) ([]byte, error) {
 	return json.Marshal(&r)
 }
 
+// queuedHeader is the router's header on an answer that waited in its
+// queue: the milliseconds waited (contract §17).
+const queuedHeader = "X-Workermon-Queued"
+
 // do sends one request, with the priority header when priority is not
-// empty, and reads its answer to the end. It returns how it ended, the HTTP
-// status received (0 without one) and, for a stream, when its first data
-// event arrived (zero otherwise).
-func (g *Generator) do(ctx context.Context, body []byte, priority string) (outcome, int, time.Time) {
+// empty, and reads its answer to the end. It returns how it ended and what
+// the client saw, E2E and TTFT from start.
+func (g *Generator) do(ctx context.Context, start time.Time, body []byte, priority string, maxTokens int) done {
+	d := done{o: outError, res: Result{Stream: g.cfg.Stream}}
+	finish := func(o outcome) done {
+		d.o = o
+		d.res.E2E = time.Since(start)
+		d.good = d.o == outOK && d.res.Good(g.cfg.SLO)
+		return d
+	}
 	reqCtx, cancelTimeout := context.WithTimeout(ctx, g.cfg.Timeout)
 	defer cancelTimeout()
 	reqCtx, cancel := context.WithCancelCause(reqCtx)
@@ -84,7 +96,7 @@ func (g *Generator) do(ctx context.Context, body []byte, priority string) (outco
 
 	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, g.url, bytes.NewReader(body))
 	if err != nil {
-		return g.failed(ctx, reqCtx, err), 0, time.Time{}
+		return finish(g.failed(ctx, reqCtx, err))
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if g.cfg.Stream {
@@ -95,45 +107,113 @@ func (g *Generator) do(ctx context.Context, body []byte, priority string) (outco
 	}
 	resp, err := g.client.Do(req)
 	if err != nil {
-		return g.failed(ctx, reqCtx, err), 0, time.Time{}
+		return finish(g.failed(ctx, reqCtx, err))
 	}
 	defer resp.Body.Close()
+	d.res.Status = resp.StatusCode
+	if v := resp.Header.Get(queuedHeader); v != "" {
+		if ms, err := strconv.ParseUint(v, 10, 63); err == nil {
+			d.queued, d.queueWait = true, time.Duration(ms)*time.Millisecond
+		}
+	}
 
 	switch resp.StatusCode {
 	case http.StatusOK:
 	case http.StatusServiceUnavailable:
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
-		return outUnavailable, resp.StatusCode, time.Time{}
+		return finish(outUnavailable)
 	case http.StatusTooManyRequests:
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
-		return outTooMany, resp.StatusCode, time.Time{}
+		return finish(outTooMany)
 	default:
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
-		return outOther, resp.StatusCode, time.Time{}
+		return finish(outOther)
 	}
 
 	if !g.cfg.Stream {
-		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-			return g.failed(ctx, reqCtx, err), resp.StatusCode, time.Time{}
+		data, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return finish(g.failed(ctx, reqCtx, err))
 		}
-		return outOK, resp.StatusCode, time.Time{}
+		var a answer
+		if err := json.Unmarshal(data, &a); err != nil {
+			g.log.Debug("loadgen: request failed", "err", err)
+			return finish(outError)
+		}
+		d.res.Complete = true
+		d.res.Finished = a.finished()
+		d.res.Tokens = a.usageTokens()
+		if d.res.Tokens == 0 && d.res.Finished {
+			d.res.Tokens = maxTokens // no usage: the simulated engine always generates max_tokens
+		}
+		return finish(outOK)
 	}
 	cancelAt := 0
 	if cancelIt {
-		cancelAt = max(1, g.cfg.MaxTokens/2)
+		cancelAt = max(1, maxTokens/2)
 	}
-	var first time.Time
-	err = readStream(resp.Body, cancelAt, func() { cancel(errClientCancel) }, func() { first = time.Now() })
+	info, err := readStream(resp.Body, cancelAt, func() { cancel(errClientCancel) })
+	d.res.Tokens, d.res.Finished = info.tokens, info.finished
+	if !info.first.IsZero() {
+		d.res.TTFT = info.first.Sub(start)
+	}
 	switch {
 	case err == nil:
-		return outOK, resp.StatusCode, first
+		d.res.Complete = true
+		return finish(outOK)
 	case errors.Is(err, errClientCancel):
-		return outCancelled, resp.StatusCode, first
+		return finish(outCancelled)
 	case errors.Is(err, errStreamError), errors.Is(err, errIncomplete):
 		g.log.Debug("loadgen: request failed", "err", err)
-		return outError, resp.StatusCode, first
+		return finish(outError)
 	}
-	return g.failed(ctx, reqCtx, err), resp.StatusCode, first
+	return finish(g.failed(ctx, reqCtx, err))
+}
+
+// answer is the part of a completion, chat answer or chunk that the
+// generator reads.
+type answer struct {
+	Choices []struct {
+		Text  string `json:"text"`
+		Delta *struct {
+			Content string `json:"content"`
+		} `json:"delta"`
+		Message *struct {
+			Content string `json:"content"`
+		} `json:"message"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+}
+
+// hasText reports whether a chunk carries generated text.
+func (a *answer) hasText() bool {
+	for _, c := range a.Choices {
+		if c.Text != "" || c.Delta != nil && c.Delta.Content != "" || c.Message != nil && c.Message.Content != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// finished reports whether a choice has a finish reason.
+func (a *answer) finished() bool {
+	for _, c := range a.Choices {
+		if c.FinishReason != nil && *c.FinishReason != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// usageTokens returns the usage's completion tokens, 0 without a usage.
+func (a *answer) usageTokens() int {
+	if a.Usage == nil {
+		return 0
+	}
+	return a.Usage.CompletionTokens
 }
 
 // failed classifies the error of a request: cancelled by the client on
@@ -149,11 +229,21 @@ func (g *Generator) failed(runCtx, reqCtx context.Context, err error) outcome {
 	return outError
 }
 
-// readStream reads server-sent events until [DONE]. It calls first when the
-// first data event that is not an error arrives. With cancelAt > 0 it
+// streamInfo is what a stream told: when its first chunk with text came,
+// its output tokens (the usage's when given, else the chunks with text) and
+// whether a choice finished.
+type streamInfo struct {
+	first    time.Time
+	tokens   int
+	finished bool
+}
+
+// readStream reads server-sent events until [DONE]. With cancelAt > 0 it
 // calls cancel after that many chunks and returns errClientCancel. An error
 // event, or the end of the stream before [DONE], is an error.
-func readStream(body io.Reader, cancelAt int, cancel, first func()) error {
+func readStream(body io.Reader, cancelAt int, cancel func()) (streamInfo, error) {
+	var info streamInfo
+	usage := 0
 	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 0, 4096), maxEventSize)
 	chunks := 0
@@ -161,7 +251,7 @@ func readStream(body io.Reader, cancelAt int, cancel, first func()) error {
 		line := sc.Bytes()
 		if bytes.HasPrefix(line, []byte("event:")) &&
 			string(bytes.TrimSpace(line[len("event:"):])) == "error" {
-			return errStreamError
+			return info, errStreamError
 		}
 		data, ok := bytes.CutPrefix(line, []byte("data:"))
 		if !ok {
@@ -169,24 +259,35 @@ func readStream(body io.Reader, cancelAt int, cancel, first func()) error {
 		}
 		data = bytes.TrimSpace(data)
 		if string(data) == "[DONE]" {
-			return nil
+			if usage > 0 {
+				info.tokens = usage
+			}
+			return info, nil
 		}
 		if isErrorEvent(data) {
-			return errStreamError
+			return info, errStreamError
+		}
+		var a answer
+		if json.Unmarshal(data, &a) == nil {
+			if a.hasText() {
+				if info.tokens == 0 {
+					info.first = time.Now()
+				}
+				info.tokens++
+			}
+			info.finished = info.finished || a.finished()
+			usage = max(usage, a.usageTokens())
 		}
 		chunks++
-		if chunks == 1 {
-			first()
-		}
 		if cancelAt > 0 && chunks >= cancelAt {
 			cancel()
-			return errClientCancel
+			return info, errClientCancel
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return err
+		return info, err
 	}
-	return errIncomplete
+	return info, errIncomplete
 }
 
 // isErrorEvent reports whether data is a JSON object with an "error" key.

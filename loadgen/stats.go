@@ -83,8 +83,19 @@ type Counts struct {
 	// Latency is the time to the end of the answer of the OK requests.
 	Latency Latency
 	// TTFT is the time to the first token of the OK requests: to the
-	// first data event of a stream, to the whole answer otherwise.
+	// first data event with text of a stream, to the whole answer
+	// otherwise.
 	TTFT Latency
+	// Good is the number of requests that met Config.SLO (Result.Good).
+	// In a window, those that arrived in it.
+	Good uint64
+	// TPOT is the time per output token of the OK streams of 2 tokens or
+	// more.
+	TPOT Latency
+	// Queued is the number of answers that waited in a router's queue
+	// (X-Workermon-Queued), and QueueWait their waits.
+	Queued    uint64
+	QueueWait Latency
 }
 
 // RPS returns the rate of requests sent over the span.
@@ -118,6 +129,7 @@ const (
 // counters are the counts of a span, without latencies.
 type counters struct {
 	sent, ok, unavailable, tooMany, other, errors, cancelled, dropped, aborted uint64
+	good, queued                                                               uint64
 }
 
 func (c *counters) add(o counters) {
@@ -130,6 +142,8 @@ func (c *counters) add(o counters) {
 	c.cancelled += o.cancelled
 	c.dropped += o.dropped
 	c.aborted += o.aborted
+	c.good += o.good
+	c.queued += o.queued
 }
 
 func (c *counters) count(o outcome) {
@@ -202,11 +216,58 @@ func (h *histogram) summary() Latency {
 	return Latency{Count: h.n, P50: h.quantile(0.5), P90: h.quantile(0.9), P99: h.quantile(0.99), Max: h.max}
 }
 
+// latencies are the histograms of a span.
+type latencies struct {
+	e2e, ttft, tpot, wait histogram
+}
+
+func (l *latencies) merge(o *latencies) {
+	l.e2e.merge(&o.e2e)
+	l.ttft.merge(&o.ttft)
+	l.tpot.merge(&o.tpot)
+	l.wait.merge(&o.wait)
+}
+
+// add counts the latencies of a request that ended with o.
+func (l *latencies) add(o outcome, d done) {
+	if d.queued {
+		l.wait.add(d.queueWait)
+	}
+	if o != outOK {
+		return
+	}
+	l.e2e.add(d.res.E2E)
+	l.ttft.add(d.ttft())
+	if tpot, ok := d.res.TPOT(); ok {
+		l.tpot.add(tpot)
+	}
+}
+
+// done is a request that ended.
+type done struct {
+	class     int // noClass: none
+	o         outcome
+	start     time.Time // when it was sent
+	res       Result
+	good      bool
+	queued    bool
+	queueWait time.Duration
+}
+
+// ttft returns the time to first token of an OK request: to the first
+// chunk with text of a stream, the whole answer otherwise.
+func (d done) ttft() time.Duration {
+	if d.res.Stream && d.res.Tokens > 0 {
+		return d.res.TTFT
+	}
+	return d.res.E2E
+}
+
 // slot is one tenth of the window.
 type slot struct {
 	epoch   int64 // index of the slot since the start; -1 when unused
 	c       counters
-	h, ttft histogram
+	l       latencies
 	classes [admission.NumClasses]counters
 }
 
@@ -215,9 +276,9 @@ const noClass = -1
 
 // classRec is what the recorder keeps of a priority class.
 type classRec struct {
-	total      counters
-	hist, ttft histogram
-	statuses   map[int]uint64
+	total    counters
+	l        latencies
+	statuses map[int]uint64
 }
 
 // recorder keeps the counts of a run. Its methods are safe for concurrent
@@ -232,8 +293,7 @@ type recorder struct {
 	target   float64
 	inFlight int
 	total    counters
-	hist     histogram
-	ttft     histogram
+	l        latencies
 	statuses map[int]uint64
 	slots    [windowSlots]slot
 	classes  [admission.NumClasses]*classRec // nil for a class not in the mix
@@ -309,37 +369,61 @@ func (r *recorder) dropped(now time.Time) {
 	r.slotAt(now).c.dropped++
 }
 
-// done counts a request of class (noClass: none) that ended at now with
-// o, status (0 without an answer) and, for outOK, its latency and time to
-// first token.
-func (r *recorder) done(now time.Time, class int, o outcome, status int, latency, ttft time.Duration) {
+// slotIfCurrent returns the slot of t if it still holds t's span, else nil.
+// r.mu is held.
+func (r *recorder) slotIfCurrent(t time.Time) *slot {
+	e := int64(max(0, t.Sub(r.start)) / r.slotDur)
+	if s := &r.slots[e%windowSlots]; s.epoch == e {
+		return s
+	}
+	return nil
+}
+
+// done counts a request that ended at now with d.res.Status (0 without an
+// answer). A good request counts in the window of its arrival.
+func (r *recorder) done(now time.Time, d done) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.inFlight--
-	r.total.count(o)
+	r.total.count(d.o)
 	s := r.slotAt(now)
-	s.c.count(o)
+	s.c.count(d.o)
+	status := d.res.Status
 	if status != 0 {
 		r.statuses[status]++
 	}
-	if o == outOK {
-		r.hist.add(latency)
-		r.ttft.add(ttft)
-		s.h.add(latency)
-		s.ttft.add(ttft)
+	r.l.add(d.o, d)
+	s.l.add(d.o, d)
+	if d.queued {
+		r.total.queued++
+		s.c.queued++
 	}
+	if d.good {
+		r.total.good++
+		if as := r.slotIfCurrent(d.start); as != nil {
+			as.c.good++
+		}
+	}
+	class := d.class
 	if class == noClass || r.classes[class] == nil {
 		return
 	}
 	cr := r.classes[class]
-	cr.total.count(o)
-	s.classes[class].count(o)
+	cr.total.count(d.o)
+	s.classes[class].count(d.o)
 	if status != 0 {
 		cr.statuses[status]++
 	}
-	if o == outOK {
-		cr.hist.add(latency)
-		cr.ttft.add(ttft)
+	cr.l.add(d.o, d)
+	if d.queued {
+		cr.total.queued++
+		s.classes[class].queued++
+	}
+	if d.good {
+		cr.total.good++
+		if as := r.slotIfCurrent(d.start); as != nil {
+			as.classes[class].good++
+		}
 	}
 }
 
@@ -358,27 +442,26 @@ func (r *recorder) stats(now time.Time) Stats {
 		Elapsed:   elapsed,
 		TargetRPS: r.target,
 		InFlight:  r.inFlight,
-		Total:     r.total.counts(elapsed, &r.hist, &r.ttft),
+		Total:     r.total.counts(elapsed, &r.l),
 		Statuses:  maps.Clone(r.statuses),
 	}
 	cur := int64(elapsed / r.slotDur)
 	first := max(0, cur-windowSlots+1)
 	span := elapsed - time.Duration(first)*r.slotDur
 	var c counters
-	var h, ttft histogram
+	var l latencies
 	var classes [admission.NumClasses]counters
 	for i := range r.slots {
 		s := &r.slots[i]
 		if s.epoch >= first && s.epoch <= cur {
 			c.add(s.c)
-			h.merge(&s.h)
-			ttft.merge(&s.ttft)
+			l.merge(&s.l)
 			for k := range classes {
 				classes[k].add(s.classes[k])
 			}
 		}
 	}
-	st.Window = c.counts(span, &h, &ttft)
+	st.Window = c.counts(span, &l)
 	for _, k := range admission.Classes() { // sheddable, standard, critical
 		cr := r.classes[k]
 		if cr == nil {
@@ -386,17 +469,16 @@ func (r *recorder) stats(now time.Time) Stats {
 		}
 		st.Classes = append(st.Classes, ClassStats{
 			Class:    k,
-			Total:    cr.total.counts(elapsed, &cr.hist, &cr.ttft),
-			Window:   classes[k].counts(span, &histogram{}, &histogram{}),
+			Total:    cr.total.counts(elapsed, &cr.l),
+			Window:   classes[k].counts(span, &latencies{}),
 			Statuses: maps.Clone(cr.statuses),
 		})
 	}
 	return st
 }
 
-// counts returns c with h's latencies and ttft's times to first token over
-// a span of d.
-func (c counters) counts(d time.Duration, h, ttft *histogram) Counts {
+// counts returns c with l's latencies over a span of d.
+func (c counters) counts(d time.Duration, l *latencies) Counts {
 	return Counts{
 		Duration:    d,
 		Sent:        c.sent,
@@ -408,7 +490,11 @@ func (c counters) counts(d time.Duration, h, ttft *histogram) Counts {
 		Cancelled:   c.cancelled,
 		Dropped:     c.dropped,
 		Aborted:     c.aborted,
-		Latency:     h.summary(),
-		TTFT:        ttft.summary(),
+		Latency:     l.e2e.summary(),
+		TTFT:        l.ttft.summary(),
+		Good:        c.good,
+		TPOT:        l.tpot.summary(),
+		Queued:      c.queued,
+		QueueWait:   l.wait.summary(),
 	}
 }

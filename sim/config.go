@@ -6,29 +6,39 @@ import (
 	"math"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/natsconn"
 	"github.com/workermon/workermon/publisher"
 	"github.com/workermon/workermon/registry"
+	"github.com/workermon/workermon/sim/stepengine"
 )
 
-// EngineConfig is the capacity and speed of a simulated engine's ranks.
+// EngineConfig is the engine profile of a simulated engine's ranks and the
+// values that replace the profile's. A zero override keeps the profile's
+// value.
 type EngineConfig struct {
-	// KVBlocks is the number of KV-cache blocks of each rank.
+	// Profile is the name of a stepengine profile (stepengine.ProfileNames);
+	// empty means stepengine.DefaultProfile.
+	Profile string
+	// KVBlocks, when set, is the number of KV-cache blocks of each rank.
 	KVBlocks int
-	// BlockSize is the number of tokens per block.
+	// BlockSize, when set, is the number of tokens per block.
 	BlockSize int
-	// MaxNumBatchedTokens is each rank's budget of prompt tokens in prefill
-	// at once.
+	// MaxNumBatchedTokens, when set, is a step's token budget: decodes (1
+	// token each) and prefill chunks together.
 	MaxNumBatchedTokens int
-	// PrefillSpeed is the prompt tokens per second one request prefills.
+	// MaxNumSeqs, when set, is the most requests running at once on a rank.
+	MaxNumSeqs int
+	// PrefillSpeed, when set, is the prompt tokens per second a step
+	// computes (c_prefill = 1/PrefillSpeed).
 	PrefillSpeed float64
-	// DecodeSpeed is the tokens per second one request generates.
+	// DecodeSpeed, when set, makes a batch-1 decode step at an empty
+	// context last 1/DecodeSpeed seconds; the other decode costs are scaled
+	// with it (stepengine.Config.WithDecodeSpeed).
 	DecodeSpeed float64
-	// Tick is how often the engine advances its requests while it has work.
-	Tick time.Duration
 	// DefaultMaxTokens is the max_tokens of a request that gives none.
 	DefaultMaxTokens int
 	// MaxBodyBytes bounds a request body; a larger one gets 413.
@@ -37,46 +47,93 @@ type EngineConfig struct {
 	// rank's KVBlocks and MaxNumBatchedTokens (rounded, at least 1): a rank
 	// with a smaller KV cache, as on a smaller GPU.
 	CapacitySkew []float64
-	// SpeedSkew, when set, has one factor per rank that multiplies that
-	// rank's PrefillSpeed and DecodeSpeed: a slower rank.
+	// SpeedSkew, when set, has one factor per rank that divides every cost
+	// of that rank's steps: a rank at 0.5 takes twice as long per step.
 	SpeedSkew []float64
 }
 
-// DefaultEngineConfig returns the defaults of the Default* constants, with
-// no skew.
+// EngineProfiles returns the names of the engine profiles, the default
+// first.
+func EngineProfiles() []string { return stepengine.ProfileNames() }
+
+// DefaultEngineConfig returns the default profile with no override and no
+// skew.
 func DefaultEngineConfig() EngineConfig {
 	return EngineConfig{
-		KVBlocks:            DefaultKVBlocks,
-		BlockSize:           DefaultBlockSize,
-		MaxNumBatchedTokens: DefaultMaxNumBatchedTokens,
-		PrefillSpeed:        DefaultPrefillSpeed,
-		DecodeSpeed:         DefaultDecodeSpeed,
-		Tick:                DefaultTick,
-		DefaultMaxTokens:    DefaultMaxTokens,
-		MaxBodyBytes:        DefaultMaxBodyBytes,
+		Profile:          stepengine.DefaultProfile,
+		DefaultMaxTokens: DefaultMaxTokens,
+		MaxBodyBytes:     DefaultMaxBodyBytes,
 	}
+}
+
+// Step returns the step engine configuration of c's profile with c's
+// overrides, before any skew.
+func (c EngineConfig) Step() (stepengine.Config, error) {
+	name := c.Profile
+	if name == "" {
+		name = stepengine.DefaultProfile
+	}
+	p, err := stepengine.LookupProfile(name)
+	if err != nil {
+		return stepengine.Config{}, err
+	}
+	s := p.Config
+	for _, o := range []struct {
+		dst *int
+		v   int
+	}{{&s.KVBlocks, c.KVBlocks}, {&s.BlockSize, c.BlockSize}, {&s.MaxBatchedTokens, c.MaxNumBatchedTokens}, {&s.MaxNumSeqs, c.MaxNumSeqs}} {
+		if o.v != 0 {
+			*o.dst = o.v
+		}
+	}
+	if c.DecodeSpeed != 0 {
+		if s, err = s.WithDecodeSpeed(c.DecodeSpeed); err != nil {
+			return stepengine.Config{}, err
+		}
+	}
+	if c.PrefillSpeed != 0 {
+		if s, err = s.WithPrefillSpeed(c.PrefillSpeed); err != nil {
+			return stepengine.Config{}, err
+		}
+	}
+	return s, s.Validate()
 }
 
 // check adds every problem of c for an engine of ranks ranks to errs.
 func (c EngineConfig) check(errs *configErrors, ranks uint32) {
 	bad := errs.add
-	if c.KVBlocks < 1 {
-		bad("KVBlocks", "%d is below 1", c.KVBlocks)
+	before := len(*errs)
+	defer func() {
+		// The fields are each in range: check what they make together.
+		if len(*errs) == before {
+			if _, err := c.Step(); err != nil {
+				*errs = append(*errs, fmt.Errorf("sim: check Engine: %w: %w", ErrInvalidConfig, err))
+			}
+		}
+	}()
+	if c.Profile != "" {
+		if _, err := stepengine.LookupProfile(c.Profile); err != nil {
+			bad("Profile", "%q is not one of %s", c.Profile, strings.Join(stepengine.ProfileNames(), ", "))
+		}
 	}
-	if c.BlockSize < 1 || c.BlockSize > 1<<16 {
-		bad("BlockSize", "%d is not in [1, 65536]", c.BlockSize)
+	for _, o := range []struct {
+		field string
+		v     int
+	}{{"KVBlocks", c.KVBlocks}, {"MaxNumBatchedTokens", c.MaxNumBatchedTokens}, {"MaxNumSeqs", c.MaxNumSeqs}} {
+		if o.v < 0 {
+			bad(o.field, "%d is negative (0: the profile's)", o.v)
+		}
 	}
-	if c.MaxNumBatchedTokens < 1 {
-		bad("MaxNumBatchedTokens", "%d is below 1", c.MaxNumBatchedTokens)
+	if c.BlockSize < 0 || c.BlockSize > stepengine.MaxBlockSize {
+		bad("BlockSize", "%d is not in [0, %d] (0: the profile's)", c.BlockSize, stepengine.MaxBlockSize)
 	}
-	if !(c.PrefillSpeed > 0) || math.IsInf(c.PrefillSpeed, 0) {
-		bad("PrefillSpeed", "%v is not a positive number", c.PrefillSpeed)
-	}
-	if !(c.DecodeSpeed > 0) || math.IsInf(c.DecodeSpeed, 0) {
-		bad("DecodeSpeed", "%v is not a positive number", c.DecodeSpeed)
-	}
-	if c.Tick <= 0 {
-		bad("Tick", "%v is not positive", c.Tick)
+	for _, s := range []struct {
+		field string
+		v     float64
+	}{{"PrefillSpeed", c.PrefillSpeed}, {"DecodeSpeed", c.DecodeSpeed}} {
+		if !(s.v >= 0) || math.IsInf(s.v, 0) {
+			bad(s.field, "%v is not a positive number or 0 (the profile's)", s.v)
+		}
 	}
 	if c.DefaultMaxTokens < 1 {
 		bad("DefaultMaxTokens", "%d is below 1", c.DefaultMaxTokens)
@@ -99,25 +156,31 @@ func (c EngineConfig) check(errs *configErrors, ranks uint32) {
 	}
 }
 
-// rankSpecs returns the capacity and speed of each of ranks ranks.
-func (c EngineConfig) rankSpecs(ranks uint32) []rankSpec {
-	specs := make([]rankSpec, ranks)
-	for i := range specs {
-		capf, speedf := 1.0, 1.0
+// rankConfigs returns the step engine configuration of each of ranks ranks,
+// skew applied. c must be valid.
+func (c EngineConfig) rankConfigs(ranks uint32) ([]stepengine.Config, error) {
+	base, err := c.Step()
+	if err != nil {
+		return nil, fmt.Errorf("sim: configure engine: %w: %w", ErrInvalidConfig, err)
+	}
+	out := make([]stepengine.Config, ranks)
+	for i := range out {
+		s := base
 		if len(c.CapacitySkew) > 0 {
-			capf = c.CapacitySkew[i]
+			f := c.CapacitySkew[i]
+			s.KVBlocks = max(1, int(math.Round(float64(s.KVBlocks)*f)))
+			s.MaxBatchedTokens = max(1, int(math.Round(float64(s.MaxBatchedTokens)*f)))
 		}
 		if len(c.SpeedSkew) > 0 {
-			speedf = c.SpeedSkew[i]
+			slow := func(d time.Duration) time.Duration { return time.Duration(math.Round(float64(d) / c.SpeedSkew[i])) }
+			s.StepBase = max(1, slow(s.StepBase))
+			s.PrefillPerToken = slow(s.PrefillPerToken)
+			s.DecodePerRequest = slow(s.DecodePerRequest)
+			s.ContextPerToken = slow(s.ContextPerToken)
 		}
-		specs[i] = rankSpec{
-			kvBlocks:     max(1, int(math.Round(float64(c.KVBlocks)*capf))),
-			maxBatched:   max(1, int(math.Round(float64(c.MaxNumBatchedTokens)*capf))),
-			prefillSpeed: c.PrefillSpeed * speedf,
-			decodeSpeed:  c.DecodeSpeed * speedf,
-		}
+		out[i] = s
 	}
-	return specs
+	return out, nil
 }
 
 // PublishConfig is how a worker reports its load.

@@ -35,9 +35,9 @@ func TestWorkerConfigValidate(t *testing.T) {
 		{"addr", func(c *sim.WorkerConfig) { c.Addr = "nowhere" }, []string{"Addr"}},
 		{"endpoint", func(c *sim.WorkerConfig) { c.Endpoint = "http://h:1/v1" }, []string{"Endpoint"}},
 		{"engine", func(c *sim.WorkerConfig) {
-			c.Engine.KVBlocks, c.Engine.BlockSize, c.Engine.Tick = 0, -1, 0
+			c.Engine.KVBlocks, c.Engine.BlockSize, c.Engine.Profile = -1, -1, "huge"
 			c.Engine.DecodeSpeed, c.Engine.PrefillSpeed = math.NaN(), math.Inf(1)
-		}, []string{"KVBlocks", "BlockSize", "Tick", "DecodeSpeed", "PrefillSpeed"}},
+		}, []string{"KVBlocks", "BlockSize", "Profile", "DecodeSpeed", "PrefillSpeed"}},
 		{"skew", func(c *sim.WorkerConfig) {
 			c.Engine.CapacitySkew = []float64{1}
 			c.Engine.SpeedSkew = []float64{1, 0}

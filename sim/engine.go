@@ -1,32 +1,15 @@
 package sim
 
 import (
-	"slices"
 	"sync/atomic"
-)
+	"time"
 
-// rankSpec is one rank's capacity and speed, skew applied.
-type rankSpec struct {
-	kvBlocks     int
-	maxBatched   int
-	prefillSpeed float64 // prompt tokens per second, per request
-	decodeSpeed  float64 // tokens per second, per request
-}
-
-// phase is where a request is in the engine.
-type phase uint8
-
-const (
-	phaseNew     phase = iota // not yet given to the engine
-	phaseWaiting              // in its rank's queue
-	phasePrefill              // admitted, prefilling its prompt
-	phaseDecode               // generating
-	phaseDone                 // finished or cancelled
+	"github.com/workermon/workermon/sim/stepengine"
 )
 
 // request is one completion request. promptTokens, maxTokens, notify and done
-// are fixed at creation; produced is written by the engine and read by the
-// HTTP handler; the rest belongs to the engine.
+// are fixed at creation; produced is written by the engine loop and read by
+// the HTTP handler; the rest belongs to the engine loop.
 type request struct {
 	promptTokens int
 	maxTokens    int
@@ -34,11 +17,8 @@ type request struct {
 	notify       chan struct{} // a token was generated (capacity 1, never blocks the engine)
 	done         chan struct{} // closed when all maxTokens are generated
 
-	rank      int
-	phase     phase
-	reserve   int     // KV blocks reserved
-	prefilled float64 // prompt tokens prefilled
-	decoded   float64 // tokens generated, with the fraction of the next one
+	rank int
+	step *stepengine.Request // nil until added
 }
 
 // newRequest returns a request for promptTokens tokens of prompt and
@@ -52,63 +32,74 @@ func newRequest(promptTokens, maxTokens int) *request {
 	}
 }
 
+// observer receives the latencies of a rank's requests as the engine's
+// events give them (vLLM's histograms).
+type observer interface {
+	ttft(rank int, d time.Duration)
+	itl(rank int, d time.Duration)
+	e2e(rank int, d time.Duration)
+}
+
 // rankLoad is one rank's load as reported.
 type rankLoad struct {
 	decodeBlocks  uint64
 	prefillTokens uint64
 }
 
-// rankState is one rank of the engine.
+// rankState is one rank: its step engine and, during a step, when it ends.
 type rankState struct {
-	spec     rankSpec
-	waiting  []*request // first come, first served
-	running  []*request // in prefill or decode
-	reserved int        // KV blocks reserved by running
-	wanted   int        // KV blocks the waiting requests will reserve
-	batch    int        // prompt tokens in prefill
+	cfg stepengine.Config
+	eng *stepengine.Engine
+	end time.Time
 }
 
-// engine is the scheduler of one worker's ranks. It is not safe for
-// concurrent use: one goroutine owns it.
+// engine is the scheduler of one worker's ranks, each a stepengine.Engine.
+// It is not safe for concurrent use: one goroutine owns it.
 type engine struct {
-	blockSize int
 	ranks     []rankState
+	reqs      map[*stepengine.Request]*request
+	obs       observer
 	completed uint64
 	cancelled uint64
 }
 
-func newEngine(specs []rankSpec, blockSize int) *engine {
-	e := &engine{blockSize: blockSize, ranks: make([]rankState, len(specs))}
-	for i, s := range specs {
-		e.ranks[i].spec = s
+// newEngine returns an idle engine of one rank per configuration; obs may
+// be nil.
+func newEngine(cfgs []stepengine.Config, obs observer) (*engine, error) {
+	e := &engine{ranks: make([]rankState, len(cfgs)), reqs: map[*stepengine.Request]*request{}, obs: obs}
+	for i, c := range cfgs {
+		eng, err := stepengine.New(c)
+		if err != nil {
+			return nil, err
+		}
+		e.ranks[i] = rankState{cfg: c, eng: eng}
 	}
-	return e
+	return e, nil
 }
-
-// blocks returns the KV blocks that tokens tokens fill.
-func (e *engine) blocks(tokens int) int { return (tokens + e.blockSize - 1) / e.blockSize }
 
 // maxSequence returns the longest prompt+max_tokens that the largest rank
 // can ever hold, in tokens.
 func (e *engine) maxSequence() int {
 	most := 0
 	for _, r := range e.ranks {
-		most = max(most, r.spec.kvBlocks)
+		most = max(most, r.cfg.MaxRequestTokens())
 	}
-	return most * e.blockSize
+	return most
 }
 
-// add assigns r to the least loaded rank that can ever hold it and queues
-// it there, admitting what fits. It reports false when no rank can hold r.
-func (e *engine) add(r *request) bool {
-	r.reserve = e.blocks(r.promptTokens + r.maxTokens)
+// add assigns r, arrived at now, to the least loaded rank that can hold it
+// (the smallest fraction of its KV cache held or wanted by the prompts still
+// to prefill) and queues it there. It reports false when no rank can.
+func (e *engine) add(now time.Time, r *request) bool {
 	best, bestLoad := -1, 0.0
 	for i := range e.ranks {
 		rk := &e.ranks[i]
-		if r.reserve > rk.spec.kvBlocks {
+		if r.promptTokens+r.maxTokens > rk.cfg.MaxRequestTokens() {
 			continue
 		}
-		load := float64(rk.reserved+rk.wanted) / float64(rk.spec.kvBlocks)
+		l := rk.eng.Load()
+		want := (l.PrefillTokens + rk.cfg.BlockSize - 1) / rk.cfg.BlockSize
+		load := float64(l.BlocksUsed+want) / float64(rk.cfg.KVBlocks)
 		if best < 0 || load < bestLoad {
 			best, bestLoad = i, load
 		}
@@ -116,106 +107,88 @@ func (e *engine) add(r *request) bool {
 	if best < 0 {
 		return false
 	}
-	rk := &e.ranks[best]
-	r.rank, r.phase = best, phaseWaiting
-	rk.waiting = append(rk.waiting, r)
-	rk.wanted += r.reserve
-	e.admit(rk)
-	return true
-}
-
-// admit moves the head of rk's queue into prefill while the KV cache and the
-// batch budget allow.
-func (e *engine) admit(rk *rankState) {
-	for len(rk.waiting) > 0 {
-		r := rk.waiting[0]
-		if rk.reserved+r.reserve > rk.spec.kvBlocks {
-			return
-		}
-		if rk.batch > 0 && rk.batch+r.promptTokens > rk.spec.maxBatched {
-			return
-		}
-		rk.waiting[0] = nil
-		rk.waiting = rk.waiting[1:]
-		rk.wanted -= r.reserve
-		rk.reserved += r.reserve
-		rk.batch += r.promptTokens
-		r.phase = phasePrefill
-		rk.running = append(rk.running, r)
-	}
-}
-
-// cancel takes r out of the engine, freeing what it holds. It reports false
-// when r was already done.
-func (e *engine) cancel(r *request) bool {
-	rk := &e.ranks[r.rank]
-	switch r.phase {
-	case phaseWaiting:
-		rk.waiting = slices.DeleteFunc(rk.waiting, func(x *request) bool { return x == r })
-		rk.wanted -= r.reserve
-	case phasePrefill:
-		rk.batch -= r.promptTokens
-		fallthrough
-	case phaseDecode:
-		rk.running = slices.DeleteFunc(rk.running, func(x *request) bool { return x == r })
-		rk.reserved -= r.reserve
-	default:
+	sr, err := e.ranks[best].eng.Add(now, r.promptTokens, r.maxTokens)
+	if err != nil {
 		return false
 	}
-	r.phase = phaseDone
-	e.cancelled++
-	e.admit(rk)
+	r.rank, r.step = best, sr
+	e.reqs[sr] = r
 	return true
 }
 
-// advance moves every running request forward by dt seconds, finishes those
-// that are complete and admits what then fits.
-func (e *engine) advance(dt float64) {
-	if dt <= 0 {
-		return
+// cancel takes r out of the engine, freeing its blocks. It reports false
+// when r was not in it (finished, or never added).
+func (e *engine) cancel(r *request) bool {
+	if r.step == nil || !e.ranks[r.rank].eng.Cancel(r.step) {
+		return false
 	}
+	delete(e.reqs, r.step)
+	e.cancelled++
+	return true
+}
+
+// advance ends every step due by now, delivering its tokens, and begins the
+// next step of every rank with work. It returns when the earliest step in
+// progress ends; ok is false when no rank has one.
+func (e *engine) advance(now time.Time) (next time.Time, ok bool) {
 	for i := range e.ranks {
 		rk := &e.ranks[i]
-		finished := false
-		for _, r := range rk.running {
-			switch r.phase {
-			case phasePrefill:
-				r.prefilled += rk.spec.prefillSpeed * dt
-				if r.prefilled >= float64(r.promptTokens) {
-					r.phase = phaseDecode
-					rk.batch -= r.promptTokens
+		for {
+			if rk.eng.InStep() {
+				if rk.end.After(now) {
+					break
 				}
-			case phaseDecode:
-				r.decoded += rk.spec.decodeSpeed * dt
-				n := min(int64(r.decoded), int64(r.maxTokens))
-				if n == r.produced.Load() {
-					continue
-				}
-				r.produced.Store(n)
-				select {
-				case r.notify <- struct{}{}:
-				default:
-				}
-				if n == int64(r.maxTokens) {
-					r.phase = phaseDone
-					rk.reserved -= r.reserve
-					e.completed++
-					close(r.done)
-					finished = true
+				e.deliver(i, rk.eng.End())
+			}
+			end, busy := rk.eng.Begin(now)
+			if !busy {
+				break
+			}
+			rk.end = end
+		}
+		if rk.eng.InStep() && (!ok || rk.end.Before(next)) {
+			next, ok = rk.end, true
+		}
+	}
+	return next, ok
+}
+
+// deliver hands the events of a step of rank i to the requests' handlers.
+func (e *engine) deliver(i int, events []stepengine.Event) {
+	for _, ev := range events {
+		r := e.reqs[ev.Request]
+		if r == nil {
+			continue
+		}
+		switch ev.Kind {
+		case stepengine.EventToken:
+			r.produced.Store(int64(ev.Token))
+			select {
+			case r.notify <- struct{}{}:
+			default:
+			}
+			if e.obs != nil {
+				if ev.First() {
+					e.obs.ttft(i, ev.Latency)
+				} else {
+					e.obs.itl(i, ev.Latency)
 				}
 			}
+		case stepengine.EventFinished:
+			delete(e.reqs, ev.Request)
+			e.completed++
+			if e.obs != nil {
+				e.obs.e2e(i, ev.Latency)
+			}
+			close(r.done)
 		}
-		if finished {
-			rk.running = slices.DeleteFunc(rk.running, func(r *request) bool { return r.phase == phaseDone })
-		}
-		e.admit(rk)
 	}
 }
 
 // busy reports whether any request is waiting or running.
 func (e *engine) busy() bool {
 	for _, rk := range e.ranks {
-		if len(rk.waiting) > 0 || len(rk.running) > 0 {
+		if rk.eng.Busy() {
 			return true
 		}
 	}
@@ -224,16 +197,6 @@ func (e *engine) busy() bool {
 
 // load returns rank i's reported load.
 func (e *engine) load(i int) rankLoad {
-	rk := &e.ranks[i]
-	var l rankLoad
-	for _, r := range rk.waiting {
-		l.prefillTokens += uint64(r.promptTokens)
-	}
-	for _, r := range rk.running {
-		if r.phase == phasePrefill {
-			l.prefillTokens += uint64(r.promptTokens)
-		}
-		l.decodeBlocks += uint64(e.blocks(r.promptTokens + int(r.produced.Load())))
-	}
-	return l
+	l := e.ranks[i].eng.Load()
+	return rankLoad{decodeBlocks: uint64(l.BlocksUsed), prefillTokens: uint64(l.PrefillTokens)}
 }

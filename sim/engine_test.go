@@ -2,135 +2,121 @@ package sim
 
 import (
 	"testing"
+	"time"
+
+	"github.com/workermon/workermon/sim/stepengine"
 )
 
-// spec is a rank of kv blocks and batch budget with one-token-per-second
-// speeds scaled by speed.
-func spec(kv, batch int, speed float64) rankSpec {
-	return rankSpec{kvBlocks: kv, maxBatched: batch, prefillSpeed: 100 * speed, decodeSpeed: 10 * speed}
+// tinyConfig returns the tiny profile's rank with kv blocks.
+func tinyConfig(t *testing.T, kv int) stepengine.Config {
+	t.Helper()
+	p, err := stepengine.LookupProfile(stepengine.ProfileTiny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Config.KVBlocks = kv
+	return p.Config
 }
 
-func TestEngineQueuesWhenKVFull(t *testing.T) {
+// recorder counts the latencies observed per rank.
+type recorder struct{ ttfts, itls, e2es []time.Duration }
+
+func (r *recorder) ttft(_ int, d time.Duration) { r.ttfts = append(r.ttfts, d) }
+func (r *recorder) itl(_ int, d time.Duration)  { r.itls = append(r.itls, d) }
+func (r *recorder) e2e(_ int, d time.Duration)  { r.e2es = append(r.e2es, d) }
+
+func newTestEngine(t *testing.T, obs observer, cfgs ...stepengine.Config) *engine {
+	t.Helper()
+	e, err := newEngine(cfgs, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// Tokens are delivered at the ends of the steps, not before: the engine
+// loop's advance ends a step only once the clock has reached its end.
+func TestEngineDeliversAtStepEnds(t *testing.T) {
 	t.Parallel()
-	// 10 blocks of 16 tokens; each request reserves ceil((40+40)/16) = 5.
-	e := newEngine([]rankSpec{spec(10, 1000, 1)}, 16)
-	reqs := []*request{newRequest(40, 40), newRequest(40, 40), newRequest(40, 40)}
-	for _, r := range reqs {
-		if !e.add(r) {
-			t.Fatal("add refused a request that fits")
-		}
+	obs := &recorder{}
+	cfg := tinyConfig(t, 64)
+	e := newTestEngine(t, obs, cfg)
+	t0 := time.Unix(1000, 0)
+	r := newRequest(100, 3)
+	if !e.add(t0, r) {
+		t.Fatal("add refused a request that fits")
 	}
-	rk := &e.ranks[0]
-	if len(rk.running) != 2 || len(rk.waiting) != 1 {
-		t.Fatalf("running %d, waiting %d; want 2 and 1", len(rk.running), len(rk.waiting))
+	end, ok := e.advance(t0)
+	if !ok || end != t0.Add(cfg.StepTime(100, 0, 0)) {
+		t.Fatalf("first step ends at %v (ok %v); want the prefill of 100 tokens", end.Sub(t0), ok)
 	}
-	// Queued prompts count as prefill load; admitted ones hold their prompt
-	// blocks.
-	if l := e.load(0); l.prefillTokens != 120 || l.decodeBlocks != 6 {
-		t.Fatalf("load %+v; want 120 prefill tokens and 6 blocks", l)
+	if next, _ := e.advance(end.Add(-time.Nanosecond)); next != end || r.produced.Load() != 0 {
+		t.Fatalf("before the step's end: next %v, produced %d", next.Sub(t0), r.produced.Load())
 	}
-	e.advance(0.5) // prefill done (100 tokens/s)
-	if l := e.load(0); l.prefillTokens != 40 {
-		t.Fatalf("prefill tokens after prefill %d; want the queued 40", l.prefillTokens)
+	e.advance(end)
+	if r.produced.Load() != 1 || len(r.notify) != 1 || len(obs.ttfts) != 1 || obs.ttfts[0] != end.Sub(t0) {
+		t.Fatalf("at the step's end: produced %d, notified %d, ttfts %v", r.produced.Load(), len(r.notify), obs.ttfts)
 	}
-	e.advance(2) // 20 tokens each
-	if got := reqs[0].produced.Load(); got != 20 {
-		t.Fatalf("produced %d; want 20", got)
+	if _, ok := e.advance(end.Add(time.Hour)); ok { // catches up on every step
+		t.Fatal("a step is still in progress after the request finished")
 	}
-	if l := e.load(0); l.decodeBlocks != 2*4 { // ceil(60/16) each
-		t.Fatalf("decode blocks %d; want 8", l.decodeBlocks)
+	select {
+	case <-r.done:
+	default:
+		t.Fatal("request not done")
 	}
-	e.advance(2) // 40: the first two finish, the third is admitted
-	for _, r := range reqs[:2] {
-		select {
-		case <-r.done:
-		default:
-			t.Fatal("request not done after max_tokens")
-		}
+	if r.produced.Load() != 3 || len(obs.itls) != 2 || len(obs.e2es) != 1 || e.completed != 1 || e.busy() {
+		t.Fatalf("produced %d, itls %v, e2es %v, completed %d, busy %v", r.produced.Load(), obs.itls, obs.e2es, e.completed, e.busy())
 	}
-	if len(rk.running) != 1 || len(rk.waiting) != 0 || reqs[2].phase != phasePrefill {
-		t.Fatalf("running %d, waiting %d, third in phase %d", len(rk.running), len(rk.waiting), reqs[2].phase)
-	}
-	if e.completed != 2 || rk.reserved != 5 {
-		t.Fatalf("completed %d, reserved %d; want 2 and 5", e.completed, rk.reserved)
+	if l := e.load(0); l.decodeBlocks != 0 || l.prefillTokens != 0 {
+		t.Fatalf("load after the end %+v", l)
 	}
 }
 
-func TestEngineBatchBudget(t *testing.T) {
-	t.Parallel()
-	e := newEngine([]rankSpec{spec(1000, 100, 1)}, 16)
-	a, b := newRequest(60, 10), newRequest(60, 10)
-	e.add(a)
-	e.add(b)
-	if a.phase != phasePrefill || b.phase != phaseWaiting {
-		t.Fatalf("phases %d, %d; want prefill and waiting", a.phase, b.phase)
-	}
-	e.advance(0.6) // a's prefill ends, freeing the batch
-	if a.phase != phaseDecode || b.phase != phasePrefill {
-		t.Fatalf("phases %d, %d; want decode and prefill", a.phase, b.phase)
-	}
-	// A prompt above the budget still runs alone.
-	big := newRequest(500, 10)
-	e2 := newEngine([]rankSpec{spec(1000, 100, 1)}, 16)
-	e2.add(big)
-	if big.phase != phasePrefill {
-		t.Fatalf("big prompt in phase %d; want prefill", big.phase)
-	}
-}
-
-func TestEngineCancelFrees(t *testing.T) {
-	t.Parallel()
-	e := newEngine([]rankSpec{spec(10, 1000, 1)}, 16)
-	running, waiting := newRequest(40, 40), newRequest(40, 100)
-	e.add(running)
-	e.add(waiting) // 9 blocks do not fit beside 5
-	e.advance(1)
-	if waiting.phase != phaseWaiting {
-		t.Fatalf("second request in phase %d; want waiting", waiting.phase)
-	}
-	if !e.cancel(waiting) {
-		t.Fatal("cancel of a waiting request reported false")
-	}
-	if l := e.load(0); l.prefillTokens != 0 {
-		t.Fatalf("prefill tokens %d after cancelling the queued request", l.prefillTokens)
-	}
-	if !e.cancel(running) {
-		t.Fatal("cancel of a running request reported false")
-	}
-	if l := e.load(0); l != (rankLoad{}) {
-		t.Fatalf("load %+v after cancelling everything; want zero", l)
-	}
-	if rk := e.ranks[0]; rk.reserved != 0 || rk.wanted != 0 || rk.batch != 0 || e.busy() {
-		t.Fatalf("rank %+v not empty", rk)
-	}
-	if e.cancel(running) {
-		t.Fatal("second cancel reported true")
-	}
-	if e.cancelled != 2 {
-		t.Fatalf("cancelled %d; want 2", e.cancelled)
-	}
-}
-
+// A request goes to the least loaded rank that can hold it.
 func TestEngineLeastLoaded(t *testing.T) {
 	t.Parallel()
-	// Rank 1 has half the KV cache: it takes every third request.
-	e := newEngine([]rankSpec{spec(100, 1000, 1), spec(50, 1000, 1)}, 16)
-	var on [2]int
-	for range 6 {
-		r := newRequest(16, 16) // 2 blocks
-		e.add(r)
-		on[r.rank]++
+	e := newTestEngine(t, nil, tinyConfig(t, 100), tinyConfig(t, 10))
+	t0 := time.Unix(1000, 0)
+	a, b := newRequest(40, 40), newRequest(40, 40)
+	if !e.add(t0, a) || !e.add(t0, b) || a.rank != 0 || b.rank != 1 {
+		t.Fatalf("ranks %d and %d; want 0 then 1", a.rank, b.rank)
 	}
-	if on != [2]int{4, 2} {
-		t.Fatalf("requests per rank %v; want [4 2]", on)
+	big := newRequest(16*20, 16)
+	if !e.add(t0, big) || big.rank != 0 {
+		t.Fatalf("big request on rank %d; want 0, the only one that holds it", big.rank)
 	}
-	// A request too large for rank 1 goes to rank 0 whatever the load.
-	big := newRequest(16*60, 16)
-	if !e.add(big) || big.rank != 0 {
-		t.Fatalf("big request on rank %d", big.rank)
-	}
-	if e.add(newRequest(16*100, 16)) {
+	if e.add(t0, newRequest(16*100, 16)) {
 		t.Fatal("add accepted a request no rank can hold")
+	}
+	if l := e.load(0); l.prefillTokens != 40+16*20 {
+		t.Fatalf("rank 0 prefill tokens %d; want its two prompts", l.prefillTokens)
+	}
+}
+
+// A cancelled request frees its blocks and its prefill at once, waiting or
+// running, and yields nothing more.
+func TestEngineCancelFrees(t *testing.T) {
+	t.Parallel()
+	e := newTestEngine(t, nil, tinyConfig(t, 64))
+	t0 := time.Unix(1000, 0)
+	run, wait := newRequest(100, 50), newRequest(100, 50)
+	e.add(t0, run)
+	end, _ := e.advance(t0)
+	e.add(t0, wait) // arrives during the first step: waits for the next
+	e.advance(end)
+	if l := e.load(0); l.decodeBlocks == 0 || l.prefillTokens == 0 {
+		t.Fatalf("load %+v; want blocks held and a prompt to prefill", l)
+	}
+	if !e.cancel(run) || !e.cancel(wait) || e.cancel(run) {
+		t.Fatal("cancel: want true for each request once, then false")
+	}
+	if l := e.load(0); l != (rankLoad{}) || e.busy() || e.cancelled != 2 {
+		t.Fatalf("after cancelling: load %+v, busy %v, cancelled %d", l, e.busy(), e.cancelled)
+	}
+	e.advance(end.Add(time.Hour))
+	if run.produced.Load() > 1 || wait.produced.Load() != 0 {
+		t.Fatalf("cancelled requests produced %d and %d", run.produced.Load(), wait.produced.Load())
 	}
 }
 

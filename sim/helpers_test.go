@@ -37,7 +37,6 @@ func workerConfig(s *server.Server) sim.WorkerConfig {
 	cfg.Publish.Debounce = 2 * time.Millisecond
 	cfg.Engine.PrefillSpeed = 1_000_000
 	cfg.Engine.DecodeSpeed = 2000
-	cfg.Engine.Tick = 5 * time.Millisecond
 	return cfg
 }
 

@@ -1,39 +1,38 @@
-// Package sim simulates a fleet of LLM inference engines for demos and
-// tests: each Worker serves an OpenAI-compatible HTTP API for one model,
-// schedules its requests on R data-parallel ranks with a finite KV cache and
-// batch budget, and publishes every rank's load through the publisher
-// package, registering its endpoint for the routers, as a real engine would.
+// Package sim simulates a fleet of LLM inference engines for demos, tests
+// and benchmarks: each Worker serves an OpenAI-compatible HTTP API for one
+// model, runs each of its R data-parallel ranks as a stepengine.Engine (a
+// rank scheduled step by step as vLLM V1 schedules, with a finite KV cache
+// taken on demand, preemption and chunked prefill), and publishes every
+// rank's load through the publisher package, registering its endpoint for
+// the routers, as a real engine would.
 //
-// # The load model
+// # The engine
 //
-// A request is assigned, when it arrives, to the least loaded rank (the
-// smallest fraction of KV blocks reserved or wanted by its queue). Its prompt
-// counts len(prompt)/4+1 tokens (for chat: the messages as "role: content\n"
-// lines). The rank admits requests first come, first served while two budgets
-// hold:
+// EngineConfig names a stepengine profile (demo by default, tiny, or the
+// calibrated llama70b-2xh100) and the values that replace the profile's.
+// A request is assigned, when it arrives, to the least loaded rank that can
+// hold it (the smallest fraction of its KV cache held, or wanted by the
+// prompts still to prefill). Its prompt counts len(prompt)/4+1 tokens (for
+// chat: the messages as "role: content\n" lines; an array of token ids, one
+// per id), and it generates exactly max_tokens tokens. Admitting more slows
+// every request of the rank down: a step lasts longer with every request
+// it runs and every token of context it reads, and a full cache preempts
+// the newest request, which prefills again (docs/sim.md).
 //
-//   - KV cache: a request reserves ceil((prompt_tokens+max_tokens)/block_size)
-//     blocks for its whole life, so the simulated scheduler never has to
-//     preempt; a request that does not fit waits in the rank's queue;
-//   - batch: the prompt tokens in prefill at once stay within
-//     max_num_batched_tokens (one larger prompt may still prefill alone).
+// One goroutine per Worker owns the ranks' engines. It begins a step, waits
+// on a timer for the step's scheduled end, ends it and hands each request's
+// tokens to its HTTP handler, which streams them as they come. While a rank
+// has work its next step starts at the previous end, so a stall of the host
+// delays tokens but does not lengthen the simulated steps. A client that
+// goes away cancels its request, which frees its blocks at once.
 //
-// An admitted request prefills for prompt_tokens/PrefillSpeed seconds, then
-// decodes one token every 1/DecodeSpeed seconds until it has max_tokens
-// (the simulation never stops early). The reported load of a rank is:
+// The reported load of a rank is:
 //
-//   - active_decode_blocks: the blocks actually filled,
-//     ceil((prompt_tokens+generated)/block_size) summed over its admitted
-//     requests (below what they reserve);
-//   - active_prefill_tokens: the prompt tokens of its requests still waiting
-//     for or in prefill, queued ones included, so that an overloaded rank
-//     shows a growing prefill backlog;
+//   - active_decode_blocks: the KV blocks held;
+//   - active_prefill_tokens: the prompt tokens not yet computed of its
+//     waiting and running requests, recomputation after a preemption
+//     included;
 //   - kv_total_blocks and max_num_batched_tokens: its capacities.
-//
-// One goroutine per Worker owns the scheduler: it advances every request each
-// EngineConfig.Tick while there is work, and at once on every arrival and
-// cancellation. A client that goes away cancels its request, which frees its
-// blocks and prefill tokens at once.
 //
 // # Generated text
 //
@@ -47,9 +46,12 @@
 //
 // Every Worker also serves GET /metrics: the part of vLLM's Prometheus page
 // that `workermon scrape --engine vllm` reads, from the engine loop's last
-// snapshot (per rank, engine label = the rank: vllm:kv_cache_usage_perc =
-// blocks filled / blocks in total, vllm:cache_config_info with
-// num_gpu_blocks and block_size, requests running and waiting). With
+// snapshot (per rank, labels model_name and engine = the rank:
+// vllm:kv_cache_usage_perc = blocks held / blocks in total,
+// vllm:cache_config_info with num_gpu_blocks and block_size, requests
+// running and waiting, vllm:num_preemptions_total), and vLLM's histograms
+// of the time to first token, the inter-token latency and the end-to-end
+// latency, with vLLM's bucket bounds. With
 // PublishConfig.Disabled a Worker stays off NATS, as a stock engine does,
 // and a scrape sidecar publishes for it.
 //
@@ -68,6 +70,8 @@ import (
 	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/workermon/workermon/sim/stepengine"
 )
 
 // Sentinel errors. Configuration problems wrap ErrInvalidConfig; errors of
@@ -98,26 +102,17 @@ const DefaultRanks = 2
 // DefaultBaseWorkerID is the id of a Fleet's first worker; the others follow.
 const DefaultBaseWorkerID = 1
 
-// DefaultKVBlocks is the number of KV-cache blocks of each rank.
-const DefaultKVBlocks = 256
+// DefaultKVBlocks is the number of KV-cache blocks of each rank of the
+// default profile.
+const DefaultKVBlocks = stepengine.DefaultKVBlocks
 
-// DefaultBlockSize is the number of tokens per KV-cache block.
-const DefaultBlockSize = 16
+// DefaultBlockSize is the number of tokens per KV-cache block of the default
+// profile.
+const DefaultBlockSize = stepengine.DefaultBlockSize
 
-// DefaultMaxNumBatchedTokens is the prompt-token budget of one rank's
-// prefill batch.
-const DefaultMaxNumBatchedTokens = 2048
-
-// DefaultPrefillSpeed is how many prompt tokens per second one request
-// prefills.
-const DefaultPrefillSpeed = 4000
-
-// DefaultDecodeSpeed is how many tokens per second one request generates.
-const DefaultDecodeSpeed = 50
-
-// DefaultTick is how often the engine advances its requests while it has
-// work.
-const DefaultTick = 10 * time.Millisecond
+// DefaultMaxNumBatchedTokens is a step's token budget in the default
+// profile.
+const DefaultMaxNumBatchedTokens = stepengine.DefaultMaxBatchedTokens
 
 // DefaultMaxTokens is the max_tokens of a request that gives none.
 const DefaultMaxTokens = 64

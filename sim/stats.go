@@ -14,8 +14,9 @@ type RankStats struct {
 	KVTotalBlocks       uint64
 	ActivePrefillTokens uint64
 	MaxNumBatchedTokens uint64
-	Waiting             int // requests queued for the KV cache or the batch
-	Running             int // requests in prefill or decode
+	Waiting             int    // requests in the waiting queue, preempted ones included
+	Running             int    // requests admitted: prefilling or decoding
+	Preemptions         uint64 // requests preempted since the start
 }
 
 // WorkerStats is a snapshot of a Worker for a live summary.
@@ -70,16 +71,17 @@ func (w *Worker) snapshot() *engineStats {
 	}
 	for i := range w.eng.ranks {
 		rk := &w.eng.ranks[i]
-		l := w.eng.load(i)
-		s.inFlight += len(rk.waiting) + len(rk.running)
+		l := rk.eng.Load()
+		s.inFlight += l.Waiting + l.Running
 		s.ranks[i] = RankStats{
 			Rank:                w.cfg.DPStart + uint32(i),
-			ActiveDecodeBlocks:  l.decodeBlocks,
-			KVTotalBlocks:       uint64(rk.spec.kvBlocks),
-			ActivePrefillTokens: l.prefillTokens,
-			MaxNumBatchedTokens: uint64(rk.spec.maxBatched),
-			Waiting:             len(rk.waiting),
-			Running:             len(rk.running),
+			ActiveDecodeBlocks:  uint64(l.BlocksUsed),
+			KVTotalBlocks:       uint64(l.KVBlocks),
+			ActivePrefillTokens: uint64(l.PrefillTokens),
+			MaxNumBatchedTokens: uint64(rk.cfg.MaxBatchedTokens),
+			Waiting:             l.Waiting,
+			Running:             l.Running,
+			Preemptions:         l.Preemptions,
 		}
 	}
 	return s

@@ -42,6 +42,9 @@ type Worker struct {
 	maxSeq   int // longest prompt+max_tokens accepted, in tokens
 	created  int64
 
+	blockSize int             // tokens per KV block, the same on every rank
+	metrics   *latencyMetrics // vLLM's latency histograms, observed by the engine loop
+
 	// Requests travel to the engine loop, which owns eng.
 	eng     *engine
 	submit  chan *request
@@ -88,24 +91,31 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger *slog.Logger) (*Wor
 		return nil, err
 	}
 	logger = discardLogger(logger).With("model", cfg.Model, "worker_id", cfg.WorkerID)
-	specs := cfg.Engine.rankSpecs(cfg.Ranks)
+	cfgs, err := cfg.Engine.rankConfigs(cfg.Ranks)
+	if err != nil {
+		return nil, err
+	}
 	w := &Worker{
-		cfg:     cfg,
-		log:     logger,
-		created: time.Now().Unix(),
-		eng:     newEngine(specs, cfg.Engine.BlockSize),
-		submit:  make(chan *request),
-		cancels: make(chan *request, cancelBuffer),
-		stopped: make(chan struct{}),
-		loads:   make([]publisher.Load, cfg.Ranks),
+		cfg:       cfg,
+		log:       logger,
+		created:   time.Now().Unix(),
+		blockSize: cfgs[0].BlockSize,
+		metrics:   newLatencyMetrics(cfg.Model, cfg.DPStart, len(cfgs)),
+		submit:    make(chan *request),
+		cancels:   make(chan *request, cancelBuffer),
+		stopped:   make(chan struct{}),
+		loads:     make([]publisher.Load, cfg.Ranks),
+	}
+	if w.eng, err = newEngine(cfgs, w.metrics); err != nil {
+		return nil, fmt.Errorf("sim: start engine: %w: %w", ErrInvalidConfig, err)
 	}
 	w.maxSeq = w.eng.maxSequence()
-	for i, s := range specs {
+	for i, c := range cfgs {
 		w.loads[i] = publisher.Load{
 			ActiveDecodeBlocks:  events.Some(0),
-			KVTotalBlocks:       events.Some(uint64(s.kvBlocks)),
+			KVTotalBlocks:       events.Some(uint64(c.KVBlocks)),
 			ActivePrefillTokens: events.Some(0),
-			MaxNumBatchedTokens: events.Some(uint64(s.maxBatched)),
+			MaxNumBatchedTokens: events.Some(uint64(c.MaxBatchedTokens)),
 		}
 	}
 
@@ -303,7 +313,7 @@ func (w *Worker) attach(ctx context.Context) error {
 	opts := append(w.cfg.Publish.options(),
 		publisher.WithRanks(w.cfg.DPStart, w.cfg.Ranks),
 		publisher.WithEndpoint(w.endpoint),
-		publisher.WithBlockSize(uint32(w.cfg.Engine.BlockSize)),
+		publisher.WithBlockSize(uint32(w.blockSize)),
 		publisher.WithMigrateHandler(w.migrate),
 		publisher.WithLogger(slog.New(quietHandler{h: w.log.Handler(), quiet: quiet})))
 	pub, err := publisher.New(nc, w.cfg.Model, w.cfg.WorkerID, opts...)
@@ -350,50 +360,38 @@ func (w *Worker) stop() {
 	w.wg.Wait()
 }
 
-// run is the engine loop: it owns eng, advances it every tick while it has
-// work and at once on every arrival and cancellation, and reports each
-// change.
+// run is the engine loop: it owns eng, ends each step at its scheduled time
+// on the wall clock (a timer) and begins the next, takes arrivals and
+// cancellations as they come, and reports each change.
 func (w *Worker) run() {
 	defer w.wg.Done()
-	tick := time.NewTimer(w.cfg.Engine.Tick)
-	defer tick.Stop()
-	armed := true
-	last := time.Now()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
 	prev := make([]rankLoad, len(w.eng.ranks))
 
 	for {
+		if next, ok := w.eng.advance(time.Now()); ok {
+			timer.Reset(time.Until(next))
+		} else {
+			timer.Stop()
+		}
+		w.report(prev)
 		select {
 		case <-w.stopped:
 			return
 		case r := <-w.submit:
-			last = w.advance(last)
-			if !w.eng.add(r) {
+			if !w.eng.add(time.Now(), r) {
 				// The handler checked that the largest rank holds it, so
 				// this does not happen; if it did, the handler sees done
 				// with tokens missing and answers with an error.
-				r.phase = phaseDone
 				close(r.done)
 			}
 		case r := <-w.cancels:
-			last = w.advance(last)
 			w.eng.cancel(r)
-		case <-tick.C:
-			armed = false
-			last = w.advance(last)
-		}
-		w.report(prev)
-		if !armed && w.eng.busy() {
-			tick.Reset(w.cfg.Engine.Tick)
-			armed = true
+		case <-timer.C:
 		}
 	}
-}
-
-// advance moves the engine forward to now from last and returns now.
-func (w *Worker) advance(last time.Time) time.Time {
-	now := time.Now()
-	w.eng.advance(now.Sub(last).Seconds())
-	return now
 }
 
 // report hands every rank whose load changed since prev to the publisher

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -21,7 +23,8 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	c.Window = 5 * time.Second
 	var models, profile, api string = strings.Join(c.Models, ","), string(c.Profile), string(c.API)
 	var duration time.Duration
-	var mix string
+	var mix, workload, arrivals string = "", string(c.Workload), string(loadgen.ArrivalsPoisson)
+	var asJSON bool
 	interval := DefaultLoadInterval
 	lo := defaultLogOptions()
 	lo.level = "warn"
@@ -36,13 +39,20 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fs.Float64Var(&c.MaxRPS, "max-rps", c.MaxRPS, "highest rate of the triangle profile")
 		fs.DurationVar(&c.Period, "period", c.Period, "one cycle of the triangle profile")
 		fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "most requests in flight")
-		fs.IntVar(&c.PromptTokens, "prompt-tokens", c.PromptTokens, "prompt size in tokens")
-		fs.IntVar(&c.MaxTokens, "max-tokens", c.MaxTokens, "max_tokens of each request")
+		fs.StringVar(&arrivals, "arrivals", arrivals, "poisson (seeded by --seed) or uniform spacing of the requests")
+		fs.StringVar(&workload, "workload", workload,
+			"fixed (--prompt-tokens, --max-tokens), chat (prompt 128-512, output 64-256) or documents (prompt 2048-6144, output 64-256)")
+		fs.IntVar(&c.PromptTokens, "prompt-tokens", c.PromptTokens, "prompt size in tokens (workload fixed)")
+		fs.IntVar(&c.MaxTokens, "max-tokens", c.MaxTokens, "max_tokens of each request (workload fixed)")
+		fs.DurationVar(&c.SLO.TTFT, "slo-ttft", c.SLO.TTFT, "a good request's time to first token is at most this")
+		fs.DurationVar(&c.SLO.ITL, "slo-itl", c.SLO.ITL, "a good request's time per output token is at most this")
+		fs.BoolVar(&asJSON, "json", false, "print only the final report, as JSON")
 		fs.Float64Var(&c.CancelFraction, "cancel-fraction", c.CancelFraction, "share of requests the client cancels mid-way")
 		fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "timeout of one request")
 		fs.StringVar(&mix, "priority-mix", "",
 			`send the X-Workermon-Priority header in these shares, e.g. "-1=0.5,0=0.4,1=0.1" (priority=share; shares are weights), and report by class`)
-		fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the choice of priorities: the same seed sends the same sequence")
+		fs.Uint64Var(&c.Seed, "seed", c.Seed,
+			"seed of the arrivals, the lengths and the priorities: the same seed sends the same sequence (0: a random one, printed)")
 		fs.BoolVar(&c.NoPriorityHeader, "no-priority-header", false,
 			"draw priorities from --priority-mix for the report but send no header (every request priority 0): a baseline")
 		fs.DurationVar(&duration, "duration", 0, "stop after this long (0: until Ctrl-C)")
@@ -61,6 +71,10 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	c.Models = strings.Split(models, ",")
 	c.Profile, c.API = loadgen.Profile(profile), loadgen.API(api)
+	c.Workload, c.Arrivals = loadgen.Workload(workload), loadgen.Arrivals(arrivals)
+	if c.Seed == 0 {
+		c.Seed = rand.Uint64()
+	}
 	gen, err := loadgen.New(c, log)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
@@ -72,23 +86,54 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	done := make(chan error, 1)
 	go func() { done <- gen.Run(ctx) }()
+	progress := stdout
+	if asJSON {
+		progress = stderr // stdout carries the document alone
+	}
+	fmt.Fprintf(progress, "seed %d, workload %s, arrivals %s, SLO TTFT %v ITL %v\n", c.Seed, c.Workload, c.Arrivals, c.SLO.TTFT, c.SLO.ITL)
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
 		select {
 		case err := <-done:
 			s := gen.Stats()
+			if asJSON {
+				enc := json.NewEncoder(stdout)
+				enc.SetIndent("", "  ")
+				return errors.Join(err, enc.Encode(s.Report()))
+			}
 			fmt.Fprintf(stdout, "total after %v: %s\n", s.Elapsed.Round(time.Second), countsLine(s.Total))
+			fmt.Fprintf(stdout, "goodput %s\n", goodputLine(s.Total))
 			if len(s.Classes) > 0 {
 				printClasses(stdout, s.Classes)
 			}
 			return err
 		case <-tick.C:
+			if asJSON {
+				continue
+			}
 			s := gen.Stats()
-			fmt.Fprintf(stdout, "t=%3.0fs target %5.1f/s in flight %4d | last %v: %s\n",
-				s.Elapsed.Seconds(), s.TargetRPS, s.InFlight, s.Window.Duration.Round(time.Second), countsLine(s.Window))
+			fmt.Fprintf(stdout, "t=%3.0fs target %5.1f/s in flight %4d | last %v: %s | good %.1f/s\n",
+				s.Elapsed.Seconds(), s.TargetRPS, s.InFlight, s.Window.Duration.Round(time.Second), countsLine(s.Window),
+				perSecond(s.Window.Good, s.Window.Duration))
 		}
 	}
+}
+
+// perSecond returns n over d, 0 for an empty span.
+func perSecond(n uint64, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
+}
+
+// goodputLine renders the good requests, their rate and the latencies the
+// SLO tests.
+func goodputLine(c loadgen.Counts) string {
+	return fmt.Sprintf("%.1f/s (%d good of %d sent) | TTFT p50 %s p99 %s | TPOT p50 %s p99 %s | e2e p99 %s",
+		perSecond(c.Good, c.Duration), c.Good, c.Sent, round(c.TTFT.P50), round(c.TTFT.P99),
+		round(c.TPOT.P50), round(c.TPOT.P99), round(c.Latency.P99))
 }
 
 // checkPeriods checks the --interval and --duration of load and demo.
@@ -118,11 +163,12 @@ func countsLine(c loadgen.Counts) string {
 // rejections by status, the share rejected, TTFT and latency of the 200s.
 func printClasses(w io.Writer, classes []loadgen.ClassStats) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CLASS\tSENT\t200\t429\t503\tOTHER\tREJECTED\tTTFT_P50\tTTFT_P99\tP50\tP99")
+	fmt.Fprintln(tw, "CLASS\tSENT\t200\t429\t503\tOTHER\tREJECTED\tGOOD\tGOODPUT\tTTFT_P50\tTTFT_P99\tTPOT_P99\tP50\tP99")
 	for _, c := range classes {
 		t := c.Total
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", c.Class, t.Sent, t.OK, t.TooMany, t.Unavailable,
-			t.OtherStatus+t.Errors, rejectedShare(t), round(t.TTFT.P50), round(t.TTFT.P99), round(t.Latency.P50), round(t.Latency.P99))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%.1f/s\t%s\t%s\t%s\t%s\t%s\n", c.Class, t.Sent, t.OK, t.TooMany, t.Unavailable,
+			t.OtherStatus+t.Errors, rejectedShare(t), t.Good, perSecond(t.Good, t.Duration), round(t.TTFT.P50), round(t.TTFT.P99),
+			round(t.TPOT.P99), round(t.Latency.P50), round(t.Latency.P99))
 	}
 	_ = tw.Flush()
 }

@@ -51,11 +51,16 @@ func (o *simOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.httpAddr, "http-addr", o.httpAddr,
 		"listen address of the fleet's /healthz (with the NATS server's version) and /metrics (workermon_nats_server_info); empty: none")
 	e := &f.Engine
-	fs.IntVar(&e.KVBlocks, "kv-blocks", e.KVBlocks, "KV-cache blocks per rank")
-	fs.IntVar(&e.BlockSize, "block-size", e.BlockSize, "tokens per KV block")
-	fs.IntVar(&e.MaxNumBatchedTokens, "max-batched-tokens", e.MaxNumBatchedTokens, "prompt tokens a rank prefills at once")
-	fs.Float64Var(&e.PrefillSpeed, "prefill-speed", e.PrefillSpeed, "prompt tokens per second one request prefills")
-	fs.Float64Var(&e.DecodeSpeed, "decode-speed", e.DecodeSpeed, "tokens per second one request generates")
+	fs.StringVar(&e.Profile, "engine-profile", e.Profile,
+		"simulated engine: "+strings.Join(sim.EngineProfiles(), ", ")+"; --kv-blocks, --block-size, --max-batched-tokens, --max-num-seqs, --prefill-speed and --decode-speed replace its values when set")
+	fs.IntVar(&e.KVBlocks, "kv-blocks", e.KVBlocks, "KV-cache blocks per rank (0: the profile's)")
+	fs.IntVar(&e.BlockSize, "block-size", e.BlockSize, "tokens per KV block (0: the profile's)")
+	fs.IntVar(&e.MaxNumBatchedTokens, "max-batched-tokens", e.MaxNumBatchedTokens,
+		"a step's token budget, decodes and prefill chunks (0: the profile's)")
+	fs.IntVar(&e.MaxNumSeqs, "max-num-seqs", e.MaxNumSeqs, "most requests running at once per rank (0: the profile's, 256 but in llama70b-2xh100)")
+	fs.Float64Var(&e.PrefillSpeed, "prefill-speed", e.PrefillSpeed, "prompt tokens per second a step computes (0: the profile's)")
+	fs.Float64Var(&e.DecodeSpeed, "decode-speed", e.DecodeSpeed,
+		"tokens per second of a request decoding alone; a larger batch decodes slower (0: the profile's)")
 	fs.StringVar(&o.capacitySkew, "capacity-skew", "", "per-rank factors on capacity, comma-separated (e.g. 1,0.5)")
 	fs.StringVar(&o.speedSkew, "speed-skew", "", "per-rank factors on speed, comma-separated")
 	fs.StringVar(&o.kill, "kill", "", "workers that crash, as id@delay, comma-separated (e.g. 2@30s): no goodbye, HTTP down")
@@ -168,6 +173,10 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return errors.Join(err, fleet.Close(cctx))
 		}
 		fmt.Fprintf(stdout, "workermon sim: http://%s (/healthz, /metrics)\n", srv.addr)
+	}
+	if step, err := o.fleet.Engine.Step(); err == nil {
+		fmt.Fprintf(stdout, "engine profile %s: %d KV blocks of %d tokens per rank, budget %d tokens, %d sequences, %.0f tokens/s alone, prefill %.0f tokens/s\n",
+			o.fleet.Engine.Profile, step.KVBlocks, step.BlockSize, step.MaxBatchedTokens, step.MaxNumSeqs, step.DecodeSpeed(), step.PrefillSpeed())
 	}
 	for _, w := range fleet.Workers() {
 		fmt.Fprintf(stdout, "worker %d of %s: %s (%d ranks)\n", w.ID(), w.Model(), w.Endpoint(), o.fleet.Ranks)

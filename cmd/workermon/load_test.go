@@ -1,0 +1,65 @@
+package main
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/workermon/workermon/sim"
+	"github.com/workermon/workermon/sim/stepengine"
+)
+
+// `workermon load --json` against a simulated engine prints §16's document
+// alone on stdout, with the seed on stderr, and the requests the engine
+// served within the SLO count as good.
+func TestLoadJSONAgainstSim(t *testing.T) {
+	t.Parallel()
+	cfg := sim.DefaultWorkerConfig()
+	cfg.Ranks = 1
+	cfg.Engine.Profile = stepengine.ProfileTiny
+	cfg.Engine.DecodeSpeed = 1000 // 1 ms steps alone: a short test
+	cfg.Publish.Disabled = true
+	cfg.NATS.URL = "nats://127.0.0.1:1" // never dialled
+	w, err := sim.NewWorker(t.Context(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAtCleanup(t, w.Close)
+
+	var out, errOut strings.Builder
+	code := run([]string{"load", "--target", w.Endpoint(), "--model", w.Model(), "--workload", "chat", "--rps", "4",
+		"--duration", "2s", "--cancel-fraction", "0", "--seed", "42", "--slo-ttft", "10s", "--slo-itl", "1s",
+		"--priority-mix", "0=1", "--json"}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	if !strings.Contains(errOut.String(), "seed 42") {
+		t.Errorf("stderr %q does not print the seed", errOut.String())
+	}
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(out.String()), &doc); err != nil {
+		t.Fatalf("stdout is not one JSON document: %v\n%s", err, out.String())
+	}
+	var keys []string
+	for k := range doc {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	want := []string{"classes", "e2e_ms", "good", "goodput_rps", "offered_rps", "ok", "queue_wait_ms", "queued", "rejected", "shed", "tpot_ms", "ttft_ms"}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("keys %v; want %v", keys, want)
+	}
+	var r struct {
+		OK, Good uint64
+		Classes  map[string]struct{ Good uint64 }
+		TTFT     struct{ P50 *float64 } `json:"ttft_ms"`
+		Wait     struct{ P50 *float64 } `json:"queue_wait_ms"`
+	}
+	if err := json.Unmarshal([]byte(out.String()), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.OK == 0 || r.Good != r.OK || r.Classes["standard"].Good != r.Good || r.TTFT.P50 == nil || r.Wait.P50 != nil {
+		t.Errorf("report %s", out.String())
+	}
+}
