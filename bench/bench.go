@@ -123,9 +123,16 @@ type Result struct {
 	IngestRatioMin float64 `json:"ingest_ratio_min"`
 	IngestRatioMax float64 `json:"ingest_ratio_max"`
 	IngestLost     int     `json:"ingest_lost"`
-	Flips          int     `json:"flips"`
-	RawP50         float64 `json:"raw_kv_put_to_watch_p50_us"`
-	RawP99         float64 `json:"raw_kv_put_to_watch_p99_us"`
-	P50            float64 `json:"report_to_record_p50_us"`
-	P99            float64 `json:"report_to_record_p99_us"`
+	// CPU time per message of the three processes together, and of each:
+	// the publisher, the monitor (NATS server included) and the watcher
+	// (Linux; 0 elsewhere).
+	RawIngestCPU     float64    `json:"raw_ingest_cpu_us_per_msg"`
+	IngestCPU        float64    `json:"ingest_cpu_us_per_report"`
+	RawIngestCPUEach [3]float64 `json:"raw_ingest_cpu_us_per_msg_each"`
+	IngestCPUEach    [3]float64 `json:"ingest_cpu_us_per_report_each"`
+	Flips            int        `json:"flips"`
+	RawP50           float64    `json:"raw_kv_put_to_watch_p50_us"`
+	RawP99           float64    `json:"raw_kv_put_to_watch_p99_us"`
+	P50              float64    `json:"report_to_record_p50_us"`
+	P99              float64    `json:"report_to_record_p99_us"`
 }

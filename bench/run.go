@@ -115,7 +115,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		procs[role] = p
 	}
-	r := &runner{cfg: cfg, pub: procs[rolePublisher], watch: procs[roleWatcher], metricsURL: apiURL + "/metrics"}
+	r := &runner{cfg: cfg, pub: procs[rolePublisher], watch: procs[roleWatcher], mon: mon, metricsURL: apiURL + "/metrics"}
 	progress(fmt.Sprintf("ingest: %d reports from %d workers of %d models, in %d rounds beside as many raw messages",
 		cfg.Reports, cfg.Workers, cfg.Models, cfg.Rounds))
 	if err := r.ingest(ctx, &res); err != nil {
@@ -136,10 +136,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 
 // runner drives the publisher and the watcher.
 type runner struct {
-	cfg        Config
-	pub, watch *proc
-	metricsURL string
-	sentinels  int
+	cfg             Config
+	pub, watch, mon *proc
+	metricsURL      string
+	sentinels       int
 }
 
 // timed arms the watcher with arm, runs cmd on the publisher and returns
@@ -168,17 +168,32 @@ func (r *runner) ingest(ctx context.Context, res *Result) error {
 		return err
 	}
 	var rawTook, took time.Duration
+	var rawCPU, cpu [3]time.Duration // publisher, monitor, watcher
+	procs := [3]*proc{r.pub, r.mon, r.watch}
+	cpuTimes := func() (t [3]time.Duration) {
+		for i, p := range procs {
+			t[i] = processCPU(p.cmd.Process.Pid)
+		}
+		return t
+	}
 	res.IngestRatioMin, res.IngestRatioMax = math.Inf(1), 0
 	for round := range r.cfg.Rounds {
 		lo, hi := round*r.cfg.Reports/r.cfg.Rounds, (round+1)*r.cfg.Reports/r.cfg.Rounds
+		c0 := cpuTimes()
 		raw, err := r.timed(fmt.Sprintf("count %d", hi), fmt.Sprintf("raw %d %d", lo, hi))
 		if err != nil {
 			return fmt.Errorf("bench: raw ingest: %w", err)
 		}
+		c1 := cpuTimes()
 		r.sentinels++
 		wm, err := r.timed(fmt.Sprintf("sentinel %d", r.sentinels), fmt.Sprintf("reports %d %d %d", lo, hi, r.sentinels))
 		if err != nil {
 			return fmt.Errorf("bench: ingest: %w", err)
+		}
+		c2 := cpuTimes()
+		for i := range procs {
+			rawCPU[i] += c1[i] - c0[i]
+			cpu[i] += c2[i] - c1[i]
 		}
 		rawTook, took = rawTook+raw, took+wm
 		ratio := raw.Seconds() / wm.Seconds()
@@ -187,6 +202,15 @@ func (r *runner) ingest(ctx context.Context, res *Result) error {
 	res.RawIngest = float64(r.cfg.Reports) / rawTook.Seconds()
 	res.Ingest = float64(r.cfg.Reports) / took.Seconds()
 	res.IngestRatio = res.Ingest / res.RawIngest
+	perMsg := func(d [3]time.Duration) (each [3]float64, sum float64) {
+		for i := range d {
+			each[i] = float64(d[i].Nanoseconds()) / 1e3 / float64(r.cfg.Reports)
+			sum += each[i]
+		}
+		return each, sum
+	}
+	res.RawIngestCPUEach, res.RawIngestCPU = perMsg(rawCPU)
+	res.IngestCPUEach, res.IngestCPU = perMsg(cpu)
 	after, err := scrape(ctx, r.metricsURL, "workermon_reports_accepted_total")
 	if err != nil {
 		return err
@@ -417,6 +441,8 @@ func Print(w io.Writer, r Result) {
 	fmt.Fprintln(tw, "figure\traw limit\tworkermon\tratio / delta")
 	fmt.Fprintf(tw, "ingest (%d reports, %d rounds)\t%.0f msgs/s\t%.0f reports/s\t%.0f %% of raw (rounds %.0f–%.0f %%), %d lost\n",
 		r.Reports, r.IngestRounds, r.RawIngest, r.Ingest, 100*r.IngestRatio, 100*r.IngestRatioMin, 100*r.IngestRatioMax, r.IngestLost)
+	fmt.Fprintf(tw, "ingest, CPU time per message (3 processes)\t%.2f µs\t%.2f µs\t%.0f %% of raw (monitor process %.2f µs; raw: %.2f µs)\n",
+		r.RawIngestCPU, r.IngestCPU, 100*r.RawIngestCPU/max(r.IngestCPU, 1e-9), r.IngestCPUEach[1], r.RawIngestCPUEach[1])
 	fmt.Fprintf(tw, "report → record seen, p50 (%d flips)\t%.0f µs\t%.0f µs\t%+.0f µs\n", r.Flips, r.RawP50, r.P50, r.P50-r.RawP50)
 	fmt.Fprintf(tw, "report → record seen, p99\t%.0f µs\t%.0f µs\t%+.0f µs\n", r.RawP99, r.P99, r.P99-r.RawP99)
 	_ = tw.Flush()
