@@ -340,6 +340,7 @@ type proc struct {
 func start(ctx context.Context, cfg Config, role string, args []string) (*proc, error) {
 	cmd := exec.Command(cfg.Executable, args...)
 	cmd.Stderr = cfg.Stderr
+	cmd.SysProcAttr = sysProcAttr()
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
