@@ -130,9 +130,12 @@ type Result struct {
 	IngestCPU        float64    `json:"ingest_cpu_us_per_report"`
 	RawIngestCPUEach [3]float64 `json:"raw_ingest_cpu_us_per_msg_each"`
 	IngestCPUEach    [3]float64 `json:"ingest_cpu_us_per_report_each"`
-	Flips            int        `json:"flips"`
-	RawP50           float64    `json:"raw_kv_put_to_watch_p50_us"`
-	RawP99           float64    `json:"raw_kv_put_to_watch_p99_us"`
-	P50              float64    `json:"report_to_record_p50_us"`
-	P99              float64    `json:"report_to_record_p99_us"`
+	// MonitorRSSMB is the monitor process's resident set after the
+	// ingest (Linux; 0 elsewhere).
+	MonitorRSSMB float64 `json:"monitor_rss_mb"`
+	Flips        int     `json:"flips"`
+	RawP50       float64 `json:"raw_kv_put_to_watch_p50_us"`
+	RawP99       float64 `json:"raw_kv_put_to_watch_p99_us"`
+	P50          float64 `json:"report_to_record_p50_us"`
+	P99          float64 `json:"report_to_record_p99_us"`
 }

@@ -30,3 +30,21 @@ func processCPU(pid int) time.Duration {
 	}
 	return sum
 }
+
+// processRSSMB is the resident set of the process pid in MB
+// (/proc/<pid>/status), 0 when unknown.
+func processRSSMB(pid int) float64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			if err == nil {
+				return kb / 1024
+			}
+		}
+	}
+	return 0
+}

@@ -206,6 +206,7 @@ func (r *runner) ingest(ctx context.Context, res *Result) error {
 		return err
 	}
 	res.IngestLost = r.cfg.Reports + r.cfg.Rounds - int(after-before)
+	res.MonitorRSSMB = processRSSMB(r.mon.cmd.Process.Pid)
 	return nil
 }
 
@@ -258,6 +259,7 @@ func Print(w io.Writer, r Result) {
 		r.Reports, r.IngestRounds, r.RawIngest, r.Ingest, 100*r.IngestRatio, 100*r.IngestRatioMin, 100*r.IngestRatioMax, r.IngestLost)
 	fmt.Fprintf(tw, "ingest, CPU time per message (3 processes)\t%.2f µs\t%.2f µs\t%.0f %% of raw; the monitor's process %.2f µs (raw part: %.2f µs)\n",
 		r.RawIngestCPU, r.IngestCPU, 100*r.RawIngestCPU/max(r.IngestCPU, 1e-9), r.IngestCPUEach[1], r.RawIngestCPUEach[1])
+	fmt.Fprintf(tw, "monitor process after the ingest\t—\t%.0f MB RSS\t\n", r.MonitorRSSMB)
 	fmt.Fprintf(tw, "report → record seen, p50 (%d flips)\t%.0f µs\t%.0f µs\t%+.0f µs\n", r.Flips, r.RawP50, r.P50, r.P50-r.RawP50)
 	fmt.Fprintf(tw, "report → record seen, p99\t%.0f µs\t%.0f µs\t%+.0f µs\n", r.RawP99, r.P99, r.P99-r.RawP99)
 	_ = tw.Flush()

@@ -35,8 +35,8 @@ func TestBenchProcesses(t *testing.T) {
 	if r.IngestLost != 0 {
 		t.Errorf("%d reports lost", r.IngestLost)
 	}
-	if runtime.GOOS == "linux" && (r.RawIngestCPU <= 0 || r.IngestCPU <= 0 || r.IngestCPUEach[1] <= 0) {
-		t.Errorf("CPU time missing: %+v", r)
+	if runtime.GOOS == "linux" && (r.RawIngestCPU <= 0 || r.IngestCPU <= 0 || r.IngestCPUEach[1] <= 0 || r.MonitorRSSMB <= 0) {
+		t.Errorf("CPU time or RSS missing: %+v", r)
 	}
 	for _, line := range []string{"bench: monitor ready: nats-server " + r.NATSVersion, "bench: ingest: 2000 reports", "bench: latency: 4 busy/free flips"} {
 		if !strings.Contains(stderr.String(), line) {
