@@ -3,7 +3,9 @@ package main_test
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -13,11 +15,13 @@ import (
 
 // TestBenchProcesses runs `workermon bench --processes` tiny: the binary
 // runs itself as the publisher, the monitor (serve) and the watcher, and
-// every figure comes back measured, with nothing lost.
+// every figure comes back measured, with nothing lost; each process
+// writes its CPU profile.
 func TestBenchProcesses(t *testing.T) {
 	t.Parallel()
+	profiles := t.TempDir()
 	cmd := exec.CommandContext(t.Context(), wmBinary(t), "bench", "--processes", "--json", "--reports", "2000",
-		"--workers", "100", "--models", "4", "--flips", "4")
+		"--workers", "100", "--models", "4", "--flips", "4", "--profile", profiles)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -37,6 +41,11 @@ func TestBenchProcesses(t *testing.T) {
 	}
 	if runtime.GOOS == "linux" && (r.RawIngestCPU <= 0 || r.IngestCPU <= 0 || r.IngestCPUEach[1] <= 0 || r.MonitorRSSMB <= 0) {
 		t.Errorf("CPU time or RSS missing: %+v", r)
+	}
+	for _, role := range []string{"monitor", "publisher", "watcher"} {
+		if fi, err := os.Stat(filepath.Join(profiles, role+".cpu.pprof")); err != nil || fi.Size() == 0 {
+			t.Errorf("no CPU profile of the %s: %v", role, err)
+		}
 	}
 	for _, line := range []string{"bench: monitor ready: nats-server " + r.NATSVersion, "bench: ingest: 2000 reports", "bench: latency: 4 busy/free flips"} {
 		if !strings.Contains(stderr.String(), line) {
