@@ -6,6 +6,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 // DefaultURL is the server a client connects to when told nothing else: the
@@ -78,6 +80,19 @@ type Config struct {
 	// connection, so that no stale write or lease renewal is sent late
 	// (contract §10).
 	NoReconnectBuffer bool
+
+	// InProcess, when not nil, is the server to connect to inside this
+	// process (an [Embedded]) instead of over the network: no loopback
+	// TCP, no system call and no poller wake-up between a process and its
+	// own embedded server. Every (re)connection is made in process; URL
+	// only names the server in logs.
+	//
+	// An in-process connection is a net.Pipe: the server hands over each
+	// of its write buffers (a few hundred bytes) synchronously, where a
+	// socket takes them all in one system call. It suits a connection
+	// that sends and receives a little at a time (the monitor's records,
+	// leases and watches), not one that receives a flood (the reports).
+	InProcess nats.InProcessConnProvider
 }
 
 // DefaultConfig returns the configuration of a client of the embedded

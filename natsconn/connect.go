@@ -144,6 +144,9 @@ func (c Config) options(h *handlers) ([]nats.Option, error) {
 		nats.ErrorHandler(h.asyncError),
 		nats.LameDuckModeHandler(h.lameDuck),
 	}
+	if c.InProcess != nil {
+		opts = append(opts, nats.InProcessServer(c.InProcess))
+	}
 	if c.NoReconnectBuffer {
 		opts = append(opts, nats.ReconnectBufSize(-1))
 	}

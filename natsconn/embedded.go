@@ -16,6 +16,7 @@ import (
 	"unicode"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 )
 
 // DefaultEmbeddedAddr is where the embedded server listens for clients:
@@ -317,6 +318,19 @@ func (e *Embedded) MonitorURL() string { return e.monitorURL }
 // Server returns the running server, for in-process connections
 // (nats.InProcessServer) and inspection.
 func (e *Embedded) Server() *server.Server { return e.s }
+
+// InProcessConn returns a new connection to the server inside this
+// process; with it Embedded is the nats.InProcessConnProvider of
+// Config.InProcess. The server keeps listening for everyone else.
+func (e *Embedded) InProcessConn() (net.Conn, error) {
+	c, err := e.s.InProcessConn()
+	if err != nil {
+		return nil, fmt.Errorf("natsconn: in-process connection: %w", err)
+	}
+	return c, nil
+}
+
+var _ nats.InProcessConnProvider = (*Embedded)(nil)
 
 // Close shuts the server down and waits until it has stopped. It may be
 // called more than once, also concurrently; every call returns after the

@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	wmbench "github.com/workermon/workermon/bench"
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/kvbucket"
@@ -41,6 +42,7 @@ type benchOptions struct {
 	jsonOut     bool
 	waitTimeout time.Duration
 	profileDir  string
+	processes   bool
 	log         logOptions
 }
 
@@ -61,6 +63,8 @@ func (o *benchOptions) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.jsonOut, "json", o.jsonOut, "print the figures as one JSON object")
 	fs.DurationVar(&o.waitTimeout, "timeout", o.waitTimeout, "longest wait for one phase")
 	fs.StringVar(&o.profileDir, "profile", o.profileDir, "directory to write a CPU and an allocation profile of each phase to (go tool pprof)")
+	fs.BoolVar(&o.processes, "processes", o.processes,
+		"publisher, monitor (serve on its embedded NATS) and watcher in three processes: ingest and latency only")
 	o.log.flags(fs)
 }
 
@@ -130,6 +134,15 @@ type benchResult struct {
 // runBench is `workermon bench`: an embedded NATS server and the monitor in
 // this process, measured side by side with the raw NATS limits.
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == benchChildFlag {
+		// A profiled monitor: `serve` and its flags after "--".
+		return wmbench.RunChild(ctx, args[1:], os.Stdin, stdout, stderr, func(ctx context.Context, args []string) error {
+			if len(args) == 0 || args[0] != "serve" {
+				return fmt.Errorf("%w: bench: the monitor child runs serve, not %q", errUsage, args)
+			}
+			return runServe(ctx, args[1:], stdout, stderr)
+		})
+	}
 	o := defaultBenchOptions()
 	log, err := parseCommand("bench", args, stderr, nil, o.flags, &o.log)
 	if err != nil {
@@ -137,6 +150,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if err := o.validate(); err != nil {
 		return err
+	}
+	if o.processes {
+		return runBenchProcesses(ctx, o, stdout, stderr)
 	}
 	res, err := bench(ctx, o, log, func(msg string) { fmt.Fprintf(stderr, "bench: %s\n", msg) })
 	if err != nil {
@@ -767,4 +783,37 @@ func printBench(w io.Writer, r benchResult) {
 	_ = tw.Flush()
 	fmt.Fprintln(w, "\nraw limit: the same embedded server without workermon, measured in turns with it (a counting subscriber;")
 	fmt.Fprintln(w, "a KV put seen by a watcher). CPU time: the whole process's, NATS server included.")
+}
+
+// benchChildFlag, first, makes `workermon bench` a child process of
+// `workermon bench --processes` (bench.RunChild).
+const benchChildFlag = "--child"
+
+// runBenchProcesses is `workermon bench --processes`: this binary run as
+// the publisher, the monitor and the watcher.
+func runBenchProcesses(ctx context.Context, o benchOptions, stdout, stderr io.Writer) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	cfg := wmbench.DefaultConfig()
+	cfg.Executable, cfg.Child = exe, []string{"bench", benchChildFlag}
+	cfg.Serve = func(dataDir string) []string {
+		return []string{"serve", "--embedded-nats-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--data-dir", dataDir,
+			"--warmup", "0", "--active-decode-blocks-threshold", "0.5", "--log-level", "error"}
+	}
+	cfg.Reports, cfg.Workers, cfg.Models, cfg.Rounds, cfg.Flips = o.reports, o.workers, o.models, o.rounds, o.flips
+	cfg.WaitTimeout, cfg.ProfileDir, cfg.Stderr = o.waitTimeout, o.profileDir, stderr
+	cfg.Progress = func(msg string) { fmt.Fprintf(stderr, "bench: %s\n", msg) }
+	res, err := wmbench.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if o.jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	wmbench.Print(stdout, res)
+	return nil
 }

@@ -170,6 +170,26 @@ func TestSlice(t *testing.T) {
 	_ = pubs[11].Close(t.Context())
 }
 
+// TestServeEmbeddedInProcess: on its embedded server the monitor's own
+// connection (records, leases, watches) is in process, the reports come
+// over TCP on a connection of their own (a pipe hands the server's writes
+// over one buffer at a time: natsconn.Config.InProcess), and the server
+// still listens for everyone else; TestSlice runs reports through both.
+func TestServeEmbeddedInProcess(t *testing.T) {
+	t.Parallel()
+	svc := testService(t, nil)
+	if addr := svc.nc.ConnectedAddr(); addr != "pipe" {
+		t.Errorf("the monitor's connection is at %q, want in process (a pipe)", addr)
+	}
+	if addr := svc.intakeNC.ConnectedAddr(); svc.intakeNC == svc.nc || addr == "pipe" || addr == "" {
+		t.Errorf("the reports' connection is at %q, want TCP", addr)
+	}
+	nc, _ := connect(t, svc.natsURL)
+	if !nc.IsConnected() {
+		t.Error("the embedded server does not take outside clients")
+	}
+}
+
 // TestServeHTTP checks health, readiness and metrics of a running monitor.
 func TestServeHTTP(t *testing.T) {
 	t.Parallel()

@@ -35,6 +35,9 @@ type service struct {
 
 	embedded *natsconn.Embedded
 	nc       *nats.Conn
+	// intakeNC carries the reports: nc, or with an embedded server a
+	// connection of its own over TCP while nc is in process.
+	intakeNC *nats.Conn
 	mon      *monitor.Monitor
 	writer   *busylist.Writer
 	leaser   *busylist.Leaser
@@ -94,8 +97,23 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 	svc.natsURL = url
 	o.nats.URL = url
 	o.nats.NoReconnectBuffer = true
+	// The reports: over the network, even from the embedded server (see
+	// natsconn.Config.InProcess).
+	intakeConn := o.nats
+	intakeConn.Name += "-intake"
+	if svc.embedded != nil {
+		// Everything else (records, leases, watches, the API) stays in
+		// the process; the server still listens at url for the others.
+		o.nats.InProcess = svc.embedded
+	}
 	if svc.nc, err = natsconn.Connect(ctx, o.nats, log.With("component", "nats")); err != nil {
 		return nil, err
+	}
+	svc.intakeNC = svc.nc
+	if svc.embedded != nil {
+		if svc.intakeNC, err = natsconn.Connect(ctx, intakeConn, log.With("component", "nats-intake")); err != nil {
+			return nil, err
+		}
 	}
 	if err := checkServer(ctx, svc.nc, reg); err != nil {
 		return nil, err
@@ -176,7 +194,7 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 	// Reports and goodbyes of a partition arrive on one subscription, taken
 	// when its lease is: NATS keeps one publisher's order within a
 	// subscription, so a goodbye never overtakes the reports sent before it.
-	svc.intake = newIntake(svc.nc, svc.mon, o.monitor.SubjectPrefix, o.partitions, log.With("component", "intake"))
+	svc.intake = newIntake(svc.intakeNC, svc.mon, o.monitor.SubjectPrefix, o.partitions, log.With("component", "intake"))
 	if err := svc.intake.watchPlain(); err != nil {
 		return nil, err
 	}
@@ -300,6 +318,9 @@ func (svc *service) ready(w http.ResponseWriter, _ *http.Request) {
 	if !svc.nc.IsConnected() {
 		problems = append(problems, "NATS not connected: "+svc.nc.Status().String())
 	}
+	if svc.intakeNC != svc.nc && !svc.intakeNC.IsConnected() {
+		problems = append(problems, "NATS connection of the reports not connected: "+svc.intakeNC.Status().String())
+	}
 	select {
 	case <-svc.writer.Ready():
 	default:
@@ -408,6 +429,9 @@ func (svc *service) Close(ctx context.Context) error {
 		stop(svc.stopSync, svc.syncDone, "sync")
 		if svc.nc != nil {
 			svc.nc.Close()
+		}
+		if svc.intakeNC != nil {
+			svc.intakeNC.Close()
 		}
 		if svc.embedded != nil {
 			svc.embedded.Close()
