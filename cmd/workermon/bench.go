@@ -144,12 +144,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		})
 	}
 	o := defaultBenchOptions()
-	log, err := parseCommand("bench", args, stderr, nil, o.flags, &o.log)
+	log, check, err := parseCommand("bench", args, stderr, nil, o.flags, &o.log)
 	if err != nil {
 		return err
 	}
-	if err := o.validate(); err != nil {
-		return err
+	if err := o.validate(); err != nil || check.on {
+		return check.report(stdout, err, nil)
 	}
 	if o.processes {
 		return runBenchProcesses(ctx, o, stdout, stderr)

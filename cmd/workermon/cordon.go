@@ -36,7 +36,8 @@ func cordonCommand(ctx context.Context, name string, args []string, stdout, stde
 	if name == "cordon" {
 		synopsis += "\n       workermon cordon [flags]   (lists the cordons)"
 	}
-	if err := parseClientFlags(fs, args, stderr, synopsis); err != nil {
+	check, err := parseClientFlags(fs, args, stderr, synopsis)
+	if err != nil {
 		return err
 	}
 	list := name == "cordon" && model == "" && worker < 0
@@ -49,8 +50,8 @@ func cordonCommand(ctx context.Context, name string, args []string, stdout, stde
 		}
 	}
 	c, err := o.client()
-	if err != nil {
-		return err
+	if err != nil || check.on {
+		return check.report(stdout, err, nil)
 	}
 	switch {
 	case list:

@@ -122,6 +122,31 @@ func (o *demoOptions) flags(fs *flag.FlagSet) {
 	o.log.flags(fs)
 }
 
+// validate checks what the demo's parts would check at their start, with
+// stand-ins for what only the start decides: the temporary store, the
+// embedded server's URL and the router's address.
+func (o demoOptions) validate() error {
+	serve := o.serve
+	if serve.embedded.DataDir == "" {
+		serve.embedded.DataDir = "(temporary)"
+	}
+	url := "nats://" + o.serve.embedded.Addr
+	rt := o.router
+	rt.natsURL = url
+	fleet := o.fleet
+	fleet.NATS.URL = url
+	errs := []error{serve.validate(), rt.validate(), fleet.Validate()}
+	load := o.load
+	load.Target, load.Models = "http://"+o.router.httpAddr, []string{o.fleet.Model}
+	var err error
+	if load.PriorityMix, err = loadgen.ParsePriorityMix(o.mix); err != nil {
+		errs = append(errs, fmt.Errorf("--priority-mix: %w", err))
+	} else if !o.noLoad {
+		errs = append(errs, load.Validate())
+	}
+	return errors.Join(errs...)
+}
+
 // demo is everything of `workermon demo`, running.
 type demo struct {
 	monitor    *service
@@ -195,12 +220,15 @@ func (d *demo) Close(ctx context.Context) error {
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o := defaultDemoOptions()
-	log, err := parseCommand("demo", args, stderr, nil, o.flags, &o.log)
+	log, check, err := parseCommand("demo", args, stderr, nil, o.flags, &o.log)
 	if err != nil {
 		return err
 	}
 	if err := checkPeriods(o.interval, o.duration); err != nil {
 		return err
+	}
+	if check.on {
+		return check.report(stdout, o.validate(), nil)
 	}
 	if o.duration > 0 {
 		var cancel context.CancelFunc

@@ -38,7 +38,11 @@ func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer, aliases map[s
 		return err
 	}
 	var names []string
-	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name != checkFlag {
+			names = append(names, f.Name)
+		}
+	})
 	return flagsFromEnv(fs, names, aliases)
 }
 

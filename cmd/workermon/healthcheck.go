@@ -57,11 +57,12 @@ func runHealthcheck(ctx context.Context, args []string, stdout, stderr io.Writer
 	o := healthcheckOptions{url: DefaultHealthcheckURL, timeout: DefaultHealthcheckTimeout}
 	fs := flag.NewFlagSet("healthcheck", flag.ContinueOnError)
 	o.flags(fs)
+	check := newCheck(fs, "healthcheck")
 	if err := parseFlags(fs, args, stderr, nil); err != nil {
 		return err
 	}
-	if err := o.validate(); err != nil {
-		return err
+	if err := o.validate(); err != nil || check.on {
+		return check.report(stdout, err, nil)
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()

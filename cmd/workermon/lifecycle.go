@@ -37,16 +37,19 @@ const (
 var natsURLEnv = map[string]string{"NATS_URL": "nats-url"}
 
 // parseCommand parses the flags of the long-running command name, which
-// register defines, from args and the environment (see parseFlags), and
-// returns the logger its logging flags lo ask for.
+// register defines, and --check, from args and the environment (see
+// parseFlags), and returns the logger its logging flags lo ask for. The
+// command ends with check.report before it starts anything when check.on.
 func parseCommand(name string, args []string, stderr io.Writer, aliases map[string]string,
-	register func(*flag.FlagSet), lo *logOptions) (*slog.Logger, error) {
+	register func(*flag.FlagSet), lo *logOptions) (*slog.Logger, *checkRequest, error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	register(fs)
+	check := newCheck(fs, name)
 	if err := parseFlags(fs, args, stderr, aliases); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return lo.logger(stderr)
+	log, err := lo.logger(stderr)
+	return log, check, err
 }
 
 // closeWhenDone waits until ctx ends (Ctrl-C, SIGTERM), logs msg, and then

@@ -59,7 +59,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fs.DurationVar(&interval, "interval", interval, "how often to print a line")
 		lo.flags(fs)
 	}
-	log, err := parseCommand("load", args, stderr, nil, register, &lo)
+	log, check, err := parseCommand("load", args, stderr, nil, register, &lo)
 	if err != nil {
 		return err
 	}
@@ -72,6 +72,10 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	c.Models = strings.Split(models, ",")
 	c.Profile, c.API = loadgen.Profile(profile), loadgen.API(api)
 	c.Workload, c.Arrivals = loadgen.Workload(workload), loadgen.Arrivals(arrivals)
+	if check.on {
+		// A seed of 0 stays 0 here: the run draws one and prints it.
+		return check.report(stdout, c.Validate(), nil)
+	}
 	if c.Seed == 0 {
 		c.Seed = rand.Uint64()
 	}

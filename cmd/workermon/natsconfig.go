@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -23,6 +24,7 @@ func runNATSConfig(_ context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&parts, "partitions", parts, "the --partitions of the monitors")
 	fs.StringVar(&prefix, "subject-prefix", prefix, "the --subject-prefix of the monitors and engines")
 	fs.StringVar(&account, "account", "", "print the block for this account (default: the server's default account, at the root)")
+	check := newCheck(fs, "nats-config")
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: workermon nats-config --partitions P [--subject-prefix P] [--account NAME]\n\n"+
@@ -31,7 +33,10 @@ func runNATSConfig(_ context.Context, args []string, stdout, stderr io.Writer) e
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
@@ -41,6 +46,9 @@ func runNATSConfig(_ context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	if err := events.ValidatePrefix(prefix); err != nil {
 		return fmt.Errorf("%w: --subject-prefix: %v", errUsage, err)
+	}
+	if check.on {
+		return check.report(stdout, nil, nil)
 	}
 	fmt.Fprint(stdout, natsConfig(prefix, parts, account))
 	return nil

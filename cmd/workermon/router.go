@@ -175,9 +175,12 @@ func (validateStandIn) Live() bool                            { return false }
 
 func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o := defaultRouterOptions()
-	log, err := parseCommand("router", args, stderr, natsURLEnv, o.flags, &o.log)
+	log, check, err := parseCommand("router", args, stderr, natsURLEnv, o.flags, &o.log)
 	if err != nil {
 		return err
+	}
+	if check.on {
+		return check.report(stdout, o.validate(), map[string]any{"nats": redactURLs(o.resolvedNATS().URL)})
 	}
 	svc, err := startRouter(o, log, newRegistry())
 	if err != nil {

@@ -106,9 +106,13 @@ func (o scrapeOptions) adapterConfig() (adapter.Config, error) {
 // engine's load from its /metrics page (contract §13).
 func runScrape(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o := defaultScrapeOptions()
-	log, err := parseCommand("scrape", args, stderr, natsURLEnv, o.flags, &o.log)
+	log, check, err := parseCommand("scrape", args, stderr, natsURLEnv, o.flags, &o.log)
 	if err != nil {
 		return err
+	}
+	if check.on {
+		_, err := o.adapterConfig()
+		return check.report(stdout, err, map[string]any{"silence_after": adapter.SilenceAfter(o.interval).String()})
 	}
 	svc, err := startScrape(ctx, o, log, newRegistry())
 	if err != nil {

@@ -193,7 +193,7 @@ func TestScrapeFlags(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			o := defaultScrapeOptions()
-			if _, err := parseCommand("scrape", tt.args, io.Discard, natsURLEnv, o.flags, &o.log); err != nil {
+			if _, _, err := parseCommand("scrape", tt.args, io.Discard, natsURLEnv, o.flags, &o.log); err != nil {
 				t.Fatal(err)
 			}
 			_, err := o.adapterConfig()

@@ -156,11 +156,26 @@ func (o serveOptions) validate() error {
 	return nil
 }
 
+// resolved is what --check adds to the flags: where NATS is and the
+// rescheduler's effective timeout.
+func (o serveOptions) resolved() map[string]any {
+	r := map[string]any{"rescheduling_timeout": o.resched.effectiveTimeout().String()}
+	if o.natsURL == "" {
+		r["nats"] = "embedded server on " + o.embedded.Addr + ", JetStream store " + o.embedded.DataDir
+	} else {
+		r["nats"] = redactURLs(o.natsURL)
+	}
+	return r
+}
+
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o := defaultServeOptions()
-	log, err := parseCommand("serve", args, stderr, natsURLEnv, o.flags, &o.log)
+	log, check, err := parseCommand("serve", args, stderr, natsURLEnv, o.flags, &o.log)
 	if err != nil {
 		return err
+	}
+	if check.on {
+		return check.report(stdout, o.validate(), o.resolved())
 	}
 	svc, err := startService(ctx, o, log, newRegistry())
 	if err != nil {

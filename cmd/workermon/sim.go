@@ -110,36 +110,47 @@ func floats(s string) ([]float64, error) {
 	return out, nil
 }
 
-func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	o := simOptions{fleet: sim.DefaultFleetConfig(), publish: true, httpAddr: DefaultSimHTTPAddr, log: defaultLogOptions()}
-	o.natsURL = natsconn.DefaultURL
-	log, err := parseCommand("sim", args, stderr, natsURLEnv, o.flags, &o.log)
-	if err != nil {
-		return err
-	}
+// prepare completes the fleet's configuration from the flags, validates it
+// and returns the workers to kill and to mute.
+func (o *simOptions) prepare() (kills, mutes map[uint64]time.Duration, err error) {
 	o.fleet.NATS.URL = o.natsURL
 	o.fleet.Publish.Disabled = !o.publish
 	if o.fleet.Engine.CapacitySkew, err = floats(o.capacitySkew); err != nil {
-		return err
+		return nil, nil, err
 	}
 	if o.fleet.Engine.SpeedSkew, err = floats(o.speedSkew); err != nil {
-		return err
+		return nil, nil, err
 	}
-	kills, err := faults(o.kill)
-	if err != nil {
-		return err
+	if kills, err = faults(o.kill); err != nil {
+		return nil, nil, err
 	}
-	mutes, err := faults(o.mute)
-	if err != nil {
-		return err
+	if mutes, err = faults(o.mute); err != nil {
+		return nil, nil, err
 	}
 	if err := o.fleet.Validate(); err != nil {
-		return err
+		return nil, nil, err
 	}
 	for id := range merged(kills, mutes) {
 		if id < o.fleet.BaseWorkerID || id-o.fleet.BaseWorkerID >= uint64(o.fleet.Workers) {
-			return fmt.Errorf("%w: --kill/--mute name worker %d, which is not in the fleet", errUsage, id)
+			return nil, nil, fmt.Errorf("%w: --kill/--mute name worker %d, which is not in the fleet", errUsage, id)
 		}
+	}
+	return kills, mutes, nil
+}
+
+func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o := simOptions{fleet: sim.DefaultFleetConfig(), publish: true, httpAddr: DefaultSimHTTPAddr, log: defaultLogOptions()}
+	o.natsURL = natsconn.DefaultURL
+	log, check, err := parseCommand("sim", args, stderr, natsURLEnv, o.flags, &o.log)
+	if err != nil {
+		return err
+	}
+	kills, mutes, err := o.prepare()
+	if check.on {
+		return check.report(stdout, err, nil)
+	}
+	if err != nil {
+		return err
 	}
 	// The fleet's own connection: the server check (contract §14) before any
 	// worker starts, and the version for /healthz and /metrics.

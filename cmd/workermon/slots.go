@@ -76,9 +76,12 @@ func (o slotsOptions) validate() error {
 // runSlots is `workermon slots`: Dynamo's standalone slot tracker API.
 func runSlots(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o := defaultSlotsOptions()
-	log, err := parseCommand("slots", args, stderr, natsURLEnv, o.flags, &o.log)
+	log, check, err := parseCommand("slots", args, stderr, natsURLEnv, o.flags, &o.log)
 	if err != nil {
 		return err
+	}
+	if check.on {
+		return check.report(stdout, o.validate(), map[string]any{"uses_nats": o.fromRegistry || o.estimates.publish})
 	}
 	svc, err := startSlots(ctx, o, log, newRegistry())
 	if err != nil {

@@ -26,7 +26,8 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	o.flags(fs, false)
 	fs.StringVar(&model, "model", "", "show only this model")
-	if err := parseClientFlags(fs, args, stderr, "status [flags]\n\nPrints each model's busy set as the monitor holds it: the busy, free and stale\nworkers, whether the router rejects (ALL_BUSY) and the thresholds in force;\nthen every partition with the monitor that holds it and its epoch."); err != nil {
+	check, err := parseClientFlags(fs, args, stderr, "status [flags]\n\nPrints each model's busy set as the monitor holds it: the busy, free and stale\nworkers, whether the router rejects (ALL_BUSY) and the thresholds in force;\nthen every partition with the monitor that holds it and its epoch.")
+	if err != nil {
 		return err
 	}
 	if model != "" {
@@ -35,8 +36,8 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	}
 	c, err := o.client()
-	if err != nil {
-		return err
+	if err != nil || check.on {
+		return check.report(stdout, err, nil)
 	}
 	records, err := c.Records(ctx, model)
 	if err != nil {

@@ -63,18 +63,19 @@ func (o clientOptions) client() (*api.Client, error) {
 	return c, nil
 }
 
-// parseClientFlags parses the flags of an operator command; of the
-// environment it reads only the variables of clientEnv.
-func parseClientFlags(fs *flag.FlagSet, args []string, stderr io.Writer, synopsis string) error {
+// parseClientFlags parses the flags of an operator command and --check; of
+// the environment it reads only the variables of clientEnv.
+func parseClientFlags(fs *flag.FlagSet, args []string, stderr io.Writer, synopsis string) (*checkRequest, error) {
+	check := newCheck(fs, fs.Name())
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: workermon %s\n\n", synopsis)
 		fs.PrintDefaults()
 	}
 	if err := parseArgs(fs, args); err != nil {
-		return err
+		return nil, err
 	}
-	return flagsFromEnv(fs, clientEnv, nil)
+	return check, flagsFromEnv(fs, clientEnv, nil)
 }
 
 // apiError adds a hint to an error of the API client.
@@ -129,7 +130,8 @@ func runThresholds(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fs.Var(optFloat{&patch.ActivePrefillTokensFrac}, "active-prefill-tokens-threshold-frac",
 			"prefill threshold as a fraction ≥ 0 of max_num_batched_tokens")
 	}
-	if err := parseClientFlags(fs, args, stderr, synopsis); err != nil {
+	check, err := parseClientFlags(fs, args, stderr, synopsis)
+	if err != nil {
 		return err
 	}
 	if model == "" && sub != "get" {
@@ -144,8 +146,8 @@ func runThresholds(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return fmt.Errorf("%w: give at least one of --active-decode-blocks-threshold, --active-prefill-tokens-threshold, --active-prefill-tokens-threshold-frac", errUsage)
 	}
 	c, err := o.client()
-	if err != nil {
-		return err
+	if err != nil || check.on {
+		return check.report(stdout, err, nil)
 	}
 
 	var rows []api.ModelThresholds

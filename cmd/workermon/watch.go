@@ -42,14 +42,9 @@ func (o *watchOptions) flags(fs *flag.FlagSet) {
 	o.log.flags(fs)
 }
 
-// runWatch is `workermon watch`: the busy-set bucket as it changes, redrawn
-// in place on a terminal, one line per change otherwise.
-func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	o := defaultWatchOptions()
-	log, err := parseCommand("watch", args, stderr, natsURLEnv, o.flags, &o.log)
-	if err != nil {
-		return err
-	}
+// validate checks the model and the NATS client configuration, and sets the
+// latter's URL.
+func (o *watchOptions) validate() error {
 	if o.model != "" {
 		if err := events.ValidateModel(o.model); err != nil {
 			return fmt.Errorf("%w: --model: %v", errUsage, err)
@@ -58,6 +53,20 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	o.nats.URL = o.natsURL
 	if err := o.nats.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return nil
+}
+
+// runWatch is `workermon watch`: the busy-set bucket as it changes, redrawn
+// in place on a terminal, one line per change otherwise.
+func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o := defaultWatchOptions()
+	log, check, err := parseCommand("watch", args, stderr, natsURLEnv, o.flags, &o.log)
+	if err != nil {
+		return err
+	}
+	if err := o.validate(); err != nil || check.on {
+		return check.report(stdout, err, nil)
 	}
 	// Logs the server's version once connected, as every command does.
 	nc, err := natsconn.Connect(ctx, o.nats, log.With("component", "nats"))
