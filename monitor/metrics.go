@@ -14,6 +14,7 @@ type metrics struct {
 	acceptedLoad, acceptedBye prometheus.Counter
 	rejected                  *prometheus.CounterVec
 	workers                   *prometheus.GaugeVec
+	busyFraction              *prometheus.GaugeVec
 	allBusyChanges            *prometheus.CounterVec
 	models                    prometheus.Gauge
 	recompute                 prometheus.Histogram
@@ -38,6 +39,10 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 			Name: "workermon_workers",
 			Help: "Workers of each model by state (busy, free, stale; amber counts free workers at amber level, hard busy workers at hard level).",
 		}, []string{"model", "state"}),
+		busyFraction: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "workermon_model_busy_fraction",
+			Help: "Busy workers of each model over its listed workers (busy + free; stale ones are not listed as either), 0 with none: a scaling signal.",
+		}, []string{"model"}),
 		models: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "workermon_models",
 			Help: "Models with at least one worker in the load state.",
@@ -58,7 +63,7 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 		Name: "workermon_queue_length",
 		Help: "Messages waiting for the monitor loop.",
 	}, queueLen)
-	if err := promreg.All(reg, m.accepted, m.rejected, m.workers, m.allBusyChanges, m.models, m.recompute, m.lag, queue); err != nil {
+	if err := promreg.All(reg, m.accepted, m.rejected, m.workers, m.busyFraction, m.allBusyChanges, m.models, m.recompute, m.lag, queue); err != nil {
 		return nil, fmt.Errorf("monitor: %w", err)
 	}
 	return m, nil
@@ -70,6 +75,7 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 type modelMetrics struct {
 	resolved                       bool
 	busy, free, stale, amber, hard prometheus.Gauge
+	busyFraction                   prometheus.Gauge
 	allBusyChanges                 prometheus.Counter
 }
 
@@ -81,6 +87,7 @@ func (m *metrics) forModel(name string) modelMetrics {
 		stale:          m.workers.WithLabelValues(name, "stale"),
 		amber:          m.workers.WithLabelValues(name, "amber"),
 		hard:           m.workers.WithLabelValues(name, "hard"),
+		busyFraction:   m.busyFraction.WithLabelValues(name),
 		allBusyChanges: m.allBusyChanges.WithLabelValues(name),
 	}
 }
@@ -91,9 +98,20 @@ func (mm *modelMetrics) setWorkers(md *model) {
 	mm.stale.Set(float64(len(md.stale)))
 	mm.amber.Set(float64(len(md.amber)))
 	mm.hard.Set(float64(len(md.hard)))
+	mm.busyFraction.Set(BusyFraction(len(md.busy), len(md.free)))
+}
+
+// BusyFraction is busy ÷ (busy + free): the share of a model's listed
+// workers that are busy (contract §19), 0 when none is listed.
+func BusyFraction(busy, free int) float64 {
+	if busy+free == 0 {
+		return 0
+	}
+	return float64(busy) / float64(busy+free)
 }
 
 func (m *metrics) forgetModel(name string) {
 	m.workers.DeletePartialMatch(prometheus.Labels{"model": name})
+	m.busyFraction.DeletePartialMatch(prometheus.Labels{"model": name})
 	m.allBusyChanges.DeletePartialMatch(prometheus.Labels{"model": name})
 }

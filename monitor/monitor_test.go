@@ -1114,3 +1114,40 @@ func TestFutureSentAtRefused(t *testing.T) {
 		}
 	})
 }
+
+// TestBusyFractionMetric: workermon_model_busy_fraction is busy ÷ (busy +
+// free) of each model's record, read through the registry.
+func TestBusyFractionMetric(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		h.send(h.report(1, 0, 90, 100))
+		h.send(h.report(2, 0, 10, 100))
+		h.send(h.report(3, 0, 10, 100))
+		h.expect([]uint64{1}, []uint64{2, 3}, nil)
+		want := func(v string) {
+			t.Helper()
+			exp := "# HELP workermon_model_busy_fraction Busy workers of each model over its listed workers (busy + free; stale ones are not listed as either), 0 with none: a scaling signal.\n" +
+				"# TYPE workermon_model_busy_fraction gauge\n" +
+				"workermon_model_busy_fraction{model=\"" + testModel + "\"} " + v + "\n"
+			if err := testutil.GatherAndCompare(h.reg, strings.NewReader(exp), "workermon_model_busy_fraction"); err != nil {
+				t.Error(err)
+			}
+		}
+		want("0.3333333333333333")
+		h.send(h.report(2, 0, 95, 100))
+		h.expect([]uint64{1, 2}, []uint64{3}, nil)
+		want("0.6666666666666666")
+	})
+}
+
+func TestBusyFraction(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		busy, free int
+		want       float64
+	}{{0, 0, 0}, {0, 3, 0}, {3, 0, 1}, {1, 3, 0.25}} {
+		if got := BusyFraction(tt.busy, tt.free); got != tt.want {
+			t.Errorf("BusyFraction(%d, %d) = %v, want %v", tt.busy, tt.free, got, tt.want)
+		}
+	}
+}
