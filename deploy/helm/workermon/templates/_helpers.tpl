@@ -1,0 +1,180 @@
+{{/* Names and labels. */}}
+{{- define "workermon.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "workermon.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "workermon.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "workermon.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* selectorLabels: pass (dict "ctx" $ "component" "monitor"). */}}
+{{- define "workermon.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "workermon.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "workermon.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "workermon.natsImage" -}}
+{{- printf "%s:%s" .Values.nats.image.repository (default .Chart.AppVersion .Values.nats.image.tag) -}}
+{{- end -}}
+
+{{/* The client URL of NATS: our own cluster's Service, or the external URL. */}}
+{{- define "workermon.natsURL" -}}
+{{- if .Values.nats.enabled -}}
+{{- printf "nats://%s-nats.%s.svc:4222" (include "workermon.fullname" .) .Release.Namespace -}}
+{{- else -}}
+{{- required "nats.external.url is required when nats.enabled is false" .Values.nats.external.url -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Where the Secrets of the external NATS are mounted. */}}
+{{- define "workermon.natsSecretsDir" -}}/etc/workermon/nats{{- end -}}
+
+{{/*
+The NATS client flags of a workermon container: URL and, for an external
+cluster, the credentials and TLS files mounted from Secrets. The user,
+password and token come as environment variables (workermon.natsEnv).
+*/}}
+{{- define "workermon.natsArgs" -}}
+- --nats-url={{ include "workermon.natsURL" . }}
+{{- if not .Values.nats.enabled }}
+{{- $ext := .Values.nats.external }}
+{{- $dir := include "workermon.natsSecretsDir" . }}
+{{- if $ext.credentials.secretName }}
+- --nats-creds={{ $dir }}/creds/{{ $ext.credentials.key }}
+{{- end }}
+{{- if $ext.tls.secretName }}
+{{- if $ext.tls.caKey }}
+- --nats-tls-ca={{ $dir }}/tls/{{ $ext.tls.caKey }}
+{{- end }}
+{{- if and $ext.tls.certKey $ext.tls.keyKey }}
+- --nats-tls-cert={{ $dir }}/tls/{{ $ext.tls.certKey }}
+- --nats-tls-key={{ $dir }}/tls/{{ $ext.tls.keyKey }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "workermon.natsEnv" -}}
+{{- if not .Values.nats.enabled }}
+{{- $ext := .Values.nats.external }}
+{{- if $ext.userPassword.secretName }}
+- name: WORKERMON_NATS_USER
+  valueFrom:
+    secretKeyRef: {name: {{ $ext.userPassword.secretName }}, key: {{ $ext.userPassword.userKey }}}
+- name: WORKERMON_NATS_PASSWORD
+  valueFrom:
+    secretKeyRef: {name: {{ $ext.userPassword.secretName }}, key: {{ $ext.userPassword.passwordKey }}}
+{{- end }}
+{{- if $ext.token.secretName }}
+- name: WORKERMON_NATS_TOKEN
+  valueFrom:
+    secretKeyRef: {name: {{ $ext.token.secretName }}, key: {{ $ext.token.key }}}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "workermon.natsVolumeMounts" -}}
+{{- if not .Values.nats.enabled }}
+{{- $ext := .Values.nats.external }}
+{{- $dir := include "workermon.natsSecretsDir" . }}
+{{- if $ext.credentials.secretName }}
+- {name: nats-creds, mountPath: {{ $dir }}/creds, readOnly: true}
+{{- end }}
+{{- if $ext.tls.secretName }}
+- {name: nats-tls, mountPath: {{ $dir }}/tls, readOnly: true}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "workermon.natsVolumes" -}}
+{{- if not .Values.nats.enabled }}
+{{- $ext := .Values.nats.external }}
+{{- if $ext.credentials.secretName }}
+- name: nats-creds
+  secret:
+    secretName: {{ $ext.credentials.secretName }}
+    items: [{key: {{ $ext.credentials.key }}, path: {{ $ext.credentials.key }}}]
+{{- end }}
+{{- if $ext.tls.secretName }}
+- name: nats-tls
+  secret:
+    secretName: {{ $ext.tls.secretName }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* affinity: pass (dict "ctx" $ "component" "monitor" "mode" .Values.monitor.antiAffinity). */}}
+{{- define "workermon.antiAffinity" -}}
+{{- if eq .mode "preferred" }}
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- include "workermon.selectorLabels" (dict "ctx" .ctx "component" .component) | nindent 14 }}
+{{- else if eq .mode "required" }}
+affinity:
+  podAntiAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      - topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "workermon.selectorLabels" (dict "ctx" .ctx "component" .component) | nindent 12 }}
+{{- else if ne .mode "" }}
+{{- fail (printf "antiAffinity %q: want preferred, required or \"\"" .mode) }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The subject mappings of contract §10, as `workermon nats-config --partitions P`
+prints them (events.PartitionMappings); none for one partition.
+*/}}
+{{- define "workermon.natsMappings" -}}
+{{- $p := int .Values.partitions -}}
+{{- $pre := .Values.subjectPrefix -}}
+{{- if gt $p 1 }}
+mappings {
+  {{ printf "%q: %q" (printf "%s.load.*.*.*" $pre) (printf "%s.part.{{partition(%d,1)}}.load.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}" $pre $p) }}
+  {{ printf "%q: %q" (printf "%s.bye.*.*" $pre) (printf "%s.part.{{partition(%d,1)}}.bye.{{wildcard(1)}}.{{wildcard(2)}}" $pre $p) }}
+  {{ printf "%q: %q" (printf "%s.est.*.*.*" $pre) (printf "%s.part.{{partition(%d,1)}}.est.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}" $pre $p) }}
+}
+{{- end }}
+{{- end -}}
+
+{{/* The probes of a workermon container on its HTTP port. */}}
+{{- define "workermon.probes" -}}
+startupProbe:
+  httpGet: {path: /healthz, port: http}
+  periodSeconds: 2
+  failureThreshold: 30
+livenessProbe:
+  httpGet: {path: /healthz, port: http}
+  periodSeconds: 10
+  timeoutSeconds: 3
+  failureThreshold: 3
+readinessProbe:
+  httpGet: {path: /readyz, port: http}
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 2
+{{- end -}}
