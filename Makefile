@@ -4,7 +4,7 @@ BIN      ?= bin
 PKGS     ?= ./...
 FUZZTIME ?= 20s
 
-.PHONY: help build test vet race fuzz bench run demo clean
+.PHONY: help build test vet race fuzz bench helm-test run demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -28,6 +28,9 @@ fuzz: ## run each fuzz target for FUZZTIME
 bench: ## every package's benchmarks, then `workermon bench` (the figures of docs/performance.md)
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 	$(GO) run ./cmd/workermon bench
+
+helm-test: ## lint and render the Helm chart (deploy/helm, a Go module of its own): strict decoding, --check of every workermon container, the NATS mappings
+	cd deploy/helm && GO="$(GO)" $(GO) vet ./... && GO="$(GO)" $(GO) test -count=1 -timeout 10m ./...
 
 run: ## run the monitor on its embedded NATS server
 	$(GO) run ./cmd/workermon serve

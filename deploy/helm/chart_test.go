@@ -50,7 +50,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	workermonBin = filepath.Join(dir, "workermon")
-	build := exec.Command("go", "build", "-o", workermonBin, "./cmd/workermon")
+	goCmd := os.Getenv("GO") // make helm-test passes its $(GO)
+	if goCmd == "" {
+		goCmd = "go"
+	}
+	build := exec.Command(goCmd, "build", "-o", workermonBin, "./cmd/workermon")
 	build.Dir = filepath.Join("..", "..")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
