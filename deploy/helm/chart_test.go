@@ -199,8 +199,9 @@ type scaledObject struct {
 		PollingInterval int `json:"pollingInterval"`
 		CooldownPeriod  int `json:"cooldownPeriod"`
 		Triggers        []struct {
-			Type     string            `json:"type"`
-			Metadata map[string]string `json:"metadata"`
+			Type       string            `json:"type"`
+			MetricType string            `json:"metricType,omitempty"`
+			Metadata   map[string]string `json:"metadata"`
 		} `json:"triggers"`
 	} `json:"spec"`
 }
@@ -462,8 +463,14 @@ func checkContainers(t *testing.T, r rendered) []error {
 	return errs
 }
 
-// podName stands for a pod's name: what a Deployment's pod is called.
-const podName = releaseName + "-workermon-monitor-7d9f8b6c5d-x2x7q"
+// fieldRefValues stand for what the downward API gives a container: a
+// Deployment's pod name, an address, a StatefulSet pod's index.
+var fieldRefValues = map[string]string{
+	"metadata.name":      releaseName + "-workermon-monitor-7d9f8b6c5d-x2x7q",
+	"metadata.namespace": namespace,
+	"status.podIP":       "10.0.0.7",
+	"metadata.labels['apps.kubernetes.io/pod-index']": "0",
+}
 
 func checkContainer(t *testing.T, name string, spec *corev1.PodSpec, c corev1.Container) error {
 	if len(c.Command) > 0 {
@@ -478,7 +485,11 @@ func checkContainer(t *testing.T, name string, spec *corev1.PodSpec, c corev1.Co
 		case e.ValueFrom == nil:
 			env[e.Name] = e.Value
 		case e.ValueFrom.FieldRef != nil:
-			env[e.Name] = podName
+			v, ok := fieldRefValues[e.ValueFrom.FieldRef.FieldPath]
+			if !ok {
+				return fmt.Errorf("env %s: field %s the test cannot fill", e.Name, e.ValueFrom.FieldRef.FieldPath)
+			}
+			env[e.Name] = v
 		case e.ValueFrom.SecretKeyRef != nil:
 			env[e.Name] = "placeholder-" + e.ValueFrom.SecretKeyRef.Key
 		default:
@@ -716,5 +727,77 @@ func TestNATSConfigParses(t *testing.T) {
 				t.Errorf("the store %s is not the claim's mount: %+v", opts.StoreDir, mounts)
 			}
 		})
+	}
+}
+
+// TestScrapeSidecarSnippet: the sidecar docs/kubernetes.md gives for engine
+// pods decodes strictly into a container and passes `workermon scrape
+// --check`.
+func TestScrapeSidecarSnippet(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "kubernetes.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(doc), "<!-- scrape-sidecar -->\n```yaml\n")
+	if !ok {
+		t.Fatal("docs/kubernetes.md has no scrape-sidecar snippet")
+	}
+	snippet, _, ok := strings.Cut(after, "```")
+	if !ok {
+		t.Fatal("the snippet does not end")
+	}
+	j, err := yaml.YAMLToJSONStrict([]byte(snippet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var containers []corev1.Container
+	dec := json.NewDecoder(bytes.NewReader(j))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&containers); err != nil {
+		t.Fatalf("the snippet is not a list of containers: %v", err)
+	}
+	if len(containers) != 1 || len(containers[0].Args) == 0 || containers[0].Args[0] != "scrape" {
+		t.Fatalf("want one workermon scrape container, got %+v", containers)
+	}
+	c := containers[0]
+	if err := checkContainer(t, "snippet", &corev1.PodSpec{Containers: containers}, c); err != nil {
+		t.Error(err)
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Errorf("the sidecar's security context %+v: want non-root on a read-only root", sc)
+	}
+}
+
+// TestKEDAExample: the autoscaling example renders a ScaledObject on the
+// model's busy fraction, compared as a value.
+func TestKEDAExample(t *testing.T) {
+	r, err := render(t, chartDir, readValues(t, filepath.Join("examples", "autoscaling.yaml"), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var so *scaledObject
+	monitors := 0
+	for _, o := range r.objects {
+		switch v := o.value.(type) {
+		case *scaledObject:
+			so = v
+		case *serviceMonitor:
+			monitors++
+		}
+	}
+	if so == nil || monitors != 2 {
+		t.Fatalf("ScaledObject %v, %d ServiceMonitors; want one and two", so, monitors)
+	}
+	if len(so.Spec.Triggers) != 1 {
+		t.Fatalf("triggers %+v", so.Spec.Triggers)
+	}
+	tr := so.Spec.Triggers[0]
+	want := `max(workermon_model_busy_fraction{model="meta-llama/Llama-3.1-8B-Instruct"})`
+	if tr.Type != "prometheus" || tr.MetricType != "Value" || tr.Metadata["query"] != want || tr.Metadata["threshold"] != "0.7" {
+		t.Errorf("trigger %+v, want prometheus, Value, query %s, threshold 0.7", tr, want)
+	}
+	if so.Spec.ScaleTargetRef.Name != "vllm-llama" {
+		t.Errorf("target %+v", so.Spec.ScaleTargetRef)
 	}
 }

@@ -110,12 +110,14 @@ password and token come as environment variables (workermon.natsEnv).
 - name: nats-creds
   secret:
     secretName: {{ $ext.credentials.secretName }}
+    defaultMode: 0440
     items: [{key: {{ $ext.credentials.key }}, path: {{ $ext.credentials.key }}}]
 {{- end }}
 {{- if $ext.tls.secretName }}
 - name: nats-tls
   secret:
     secretName: {{ $ext.tls.secretName }}
+    defaultMode: 0440
 {{- end }}
 {{- end }}
 {{- end -}}
