@@ -603,13 +603,14 @@ func TestUnknownFlagFails(t *testing.T) {
 		}
 	})
 	t.Run("invalid value", func(t *testing.T) {
-		r, err := render(t, chartDir, readValues(t, "", map[string]any{"partitions": 0}))
+		// The schema lets any string through; the monitor wants [0, 1].
+		r, err := render(t, chartDir, readValues(t, "", map[string]any{"monitor.thresholds.activeDecodeBlocks": "1.5"}))
 		if err != nil {
 			t.Fatal(err)
 		}
 		errs := checkContainers(t, r)
-		if len(errs) != 1 || !strings.Contains(errs[0].Error(), "--partitions") {
-			t.Fatalf("errors %v, want one naming --partitions 0", errs)
+		if len(errs) != 1 || !strings.Contains(errs[0].Error(), "1.5") {
+			t.Fatalf("errors %v, want one naming the monitor's threshold 1.5", errs)
 		}
 	})
 }
@@ -799,5 +800,29 @@ func TestKEDAExample(t *testing.T) {
 	}
 	if so.Spec.ScaleTargetRef.Name != "vllm-llama" {
 		t.Errorf("target %+v", so.Spec.ScaleTargetRef)
+	}
+}
+
+// TestSchema: values.schema.json refuses a mistyped key, a value out of
+// range and a word that is not one of the choices, at render and at lint.
+func TestSchema(t *testing.T) {
+	for name, overrides := range map[string]map[string]any{
+		"typo":             {"monitor.replica": 5},
+		"typo at the root": {"partition": 8},
+		"partitions 0":     {"partitions": 0},
+		"anti-affinity":    {"router.antiAffinity": "sometimes"},
+		"reject status":    {"router.rejectStatus": 200},
+		"bucket replicas":  {"monitor.bucketReplicas": 7},
+	} {
+		t.Run(name, func(t *testing.T) {
+			vals := readValues(t, "", overrides)
+			if _, err := render(t, chartDir, vals); err == nil || !strings.Contains(err.Error(), "schema") {
+				t.Errorf("render: %v, want the schema's refusal", err)
+			}
+			l := lint.All(chartDir, vals, namespace, false)
+			if l.HighestSeverity < support.ErrorSev {
+				t.Errorf("lint passes: %v", l.Messages)
+			}
+		})
 	}
 }
