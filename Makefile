@@ -29,8 +29,11 @@ bench: ## every package's benchmarks, then `workermon bench` (the figures of doc
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 	$(GO) run ./cmd/workermon bench
 
-helm-test: ## lint and render the Helm chart (deploy/helm, a Go module of its own): strict decoding, --check of every workermon container, the NATS mappings
-	cd deploy/helm && GO="$(GO)" $(GO) vet ./... && GO="$(GO)" $(GO) test -count=1 -timeout 10m ./...
+# VALUES: more values files for `make helm-test` (absolute paths, comma-separated).
+VALUES ?=
+
+helm-test: ## lint and render the Helm chart (deploy/helm, a Go module of its own): strict decoding, --check of every workermon container, the NATS mappings; VALUES=your-values.yaml too
+	cd deploy/helm && GO="$(GO)" $(GO) vet ./... && GO="$(GO)" WORKERMON_HELM_VALUES="$(VALUES)" $(GO) test -count=1 -timeout 10m ./...
 
 run: ## run the monitor on its embedded NATS server
 	$(GO) run ./cmd/workermon serve

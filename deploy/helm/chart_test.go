@@ -67,7 +67,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// valueSets are the default values and each documented example.
+// valuesEnv names more values files to test, comma-separated (`make
+// helm-test VALUES=...`): an operator's own, checked like the examples.
+const valuesEnv = "WORKERMON_HELM_VALUES"
+
+// valueSets are the default values, each documented example and the files
+// of valuesEnv.
 func valueSets(t *testing.T) map[string]string {
 	t.Helper()
 	files, err := filepath.Glob(filepath.Join("examples", "*.yaml"))
@@ -77,6 +82,14 @@ func valueSets(t *testing.T) map[string]string {
 	sets := map[string]string{"default": ""}
 	for _, f := range files {
 		sets[strings.TrimSuffix(filepath.Base(f), ".yaml")] = f
+	}
+	for _, f := range strings.Split(os.Getenv(valuesEnv), ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			if _, err := os.Stat(f); err != nil {
+				t.Fatalf("%s: %v", valuesEnv, err)
+			}
+			sets[f] = f
+		}
 	}
 	return sets
 }
