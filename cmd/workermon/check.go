@@ -91,16 +91,13 @@ func checkFlags(fs *flag.FlagSet) map[string]any {
 	return out
 }
 
-// secretFlag reports whether the flag name carries a secret itself (not the
-// path of a file that holds one: --nats-creds and --nats-tls-key show their
-// paths, never what the files hold).
+// secretFlag reports whether the flag name carries a secret itself: its
+// last word is password, token or secret (--nats-password, --admin-token;
+// not --active-prefill-tokens-threshold). A file that holds one is shown as
+// its path (--nats-creds, --nats-tls-key), never what it holds.
 func secretFlag(name string) bool {
-	for _, w := range []string{"password", "token", "secret"} {
-		if strings.Contains(name, w) {
-			return true
-		}
-	}
-	return false
+	last := name[strings.LastIndex(name, "-")+1:]
+	return last == "password" || last == "token" || last == "secret"
 }
 
 // redactValue hides a secret flag's value, and the password of every URL in
