@@ -115,18 +115,13 @@ func (ex *exchange) serve() {
 	if d.Admit && len(cands) == 0 {
 		d = rt.unroutable(model, d, registered)
 	}
-	if q := rt.queue; q != nil && qh.maxWait != 0 {
-		// Flow control (contract §17): wait when the class has no
-		// candidate, or behind a queue of equal or higher priority.
-		mq := q.lookup(model)
-		if (mq != nil && mq.depth.Load() > 0) || (!d.Admit && queueable(d)) {
-			var ok bool
-			if cands, ok = ex.queued(d, cands, qh); !ok {
-				return
-			}
-			ex.forward(body, cands)
+	if rt.queue.waits(model, d, qh) {
+		var ok bool
+		if cands, ok = ex.queued(d, cands, qh); !ok {
 			return
 		}
+		ex.forward(body, cands)
+		return
 	}
 	// Counted once the outcome is known: an admission has a candidate.
 	rt.admission.Observe(model, d)

@@ -557,6 +557,22 @@ func (q *queues) snapshot(now time.Time) []QueueSnapshot {
 	return out
 }
 
+// waits reports whether a request for model with decision d and headers qh
+// goes through the queue (contract §17): flow control is on and the request
+// may wait, and its class has no candidate or its model's queue holds
+// requests. nil-safe. With the queue empty it takes no lock and allocates
+// nothing.
+func (q *queues) waits(model string, d admission.Decision, qh queueHeaders) bool {
+	if q == nil || qh.maxWait == 0 {
+		return false
+	}
+	if !d.Admit && queueable(d) {
+		return true
+	}
+	mq := q.lookup(model)
+	return mq != nil && mq.depth.Load() > 0
+}
+
 // queueable reports whether a rejection may wait in the queue: the record
 // is fresh and the request's class has no candidate (a stale record's
 // rejection, with fail-open off, never waits).
