@@ -103,12 +103,16 @@
       el: el,
       badge: make('span', 'badge', head),
       counts: make('span', 'counts', head),
+      queued: make('span', 'queued', head),
       turnedAway: make('span', 'turned-away', head),
       thresholds: make('div', 'thresholds', el),
       tilesEl: make('div', 'tiles', el),
       tiles: new Map(), // worker id -> tile state
       countsKey: '',
     };
+    sec.queued.hidden = true;
+    sec.queued.title = 'requests for this model waiting in the router\'s queue now (--queue-max-wait), ' +
+      'sent as workers free';
     sec.turnedAway.hidden = true;
     sec.turnedAway.title = 'requests for this model the router did not admit since it started, for any reason: ' +
       'every worker busy, sheddable requests shed, a stale list when failing closed';
@@ -150,6 +154,19 @@
       if (n.hard) add('hard', n.hard, 'hard');
       if (n.cordoned) add('cordoned', n.cordoned, 'cordoned');
       if (n.unlisted) add('unlisted', n.unlisted, 'unlisted');
+    }
+    // The router's queue (contract §17): shown once the source has one.
+    if (m.queued != null) {
+      sec.queued.hidden = false;
+      const q = fmt.format(m.queued);
+      if (sec.queued.dataset.v !== q) {
+        sec.queued.dataset.v = q;
+        sec.queued.classList.toggle('waiting', m.queued > 0);
+        sec.queued.replaceChildren(document.createTextNode('queued '), make('b'));
+        sec.queued.children[0].textContent = q;
+      }
+    } else {
+      sec.queued.hidden = true;
     }
     // Every refusal for the model, whatever the reason: the header splits
     // the router's refusals into all busy and shed.

@@ -189,6 +189,7 @@ func startDemo(ctx context.Context, o demoOptions, log *slog.Logger) (_ *demo, e
 	}
 	// The monitor's board shows the router's rejections too.
 	d.monitor.boardCounts.set(board.GatheredCounts(d.routerReg))
+	d.monitor.boardCounts.setQueues(board.GatheredQueues(d.routerReg))
 	return d, nil
 }
 

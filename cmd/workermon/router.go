@@ -282,7 +282,7 @@ func startRouter(o routerOptions, log *slog.Logger, reg *prometheus.Registry) (_
 		return nil, err
 	}
 	if svc.board, err = startBoard(&board.RouterSource{BusyList: svc.watcher, Registry: svc.registry, Tracker: tracker,
-		Counts: board.GatheredCounts(reg), ID: cfg.RouterID}, log, reg); err != nil {
+		Counts: board.GatheredCounts(reg), Queues: board.GatheredQueues(reg), ID: cfg.RouterID}, log, reg); err != nil {
 		return nil, err
 	}
 
