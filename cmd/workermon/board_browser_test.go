@@ -255,7 +255,8 @@ func (s *heldSource) Snapshot(ctx context.Context) (board.Snapshot, error) {
 // back: the page shows its skeleton and what it waits for, not just
 // "connecting…"; once the snapshot arrives, the header names the router's
 // refusals apart (all busy, shed) and the model's card counts every
-// refusal as "turned away", so the two numbers no longer share a name.
+// refusal as "turned away", so the two numbers no longer share a name; it
+// shows the requests waiting in the router's queue (contract §17).
 func TestBoardWaitingAndCounts(t *testing.T) {
 	chrome := findChromium()
 	if chrome == "" {
@@ -263,10 +264,10 @@ func TestBoardWaitingAndCounts(t *testing.T) {
 			"install it with `apt-get install -y chromium` (.ci/run does)", chromiumNames)
 	}
 	t.Parallel()
-	turnedAway := uint64(7)
+	turnedAway, queued := uint64(7), uint64(3)
 	src := &heldSource{release: make(chan struct{}), snap: board.Snapshot{Kind: board.KindMonitor, Name: "mon-1",
 		Admissions: map[string]uint64{"admitted": 40, "rejected": 5, "shed": 2},
-		Models: []board.Model{{Name: "m1", AllBusy: true, Rejecting: true, Rejected: &turnedAway,
+		Models: []board.Model{{Name: "m1", AllBusy: true, Rejecting: true, Rejected: &turnedAway, Queued: &queued,
 			Counts:  board.Counts{Busy: 1},
 			Workers: []board.Worker{{ID: 1, State: board.StateBusy, Reason: "kv"}}}}}}
 	cfg := board.DefaultConfig()
@@ -302,6 +303,7 @@ func TestBoardWaitingAndCounts(t *testing.T) {
 		"#summary .a-all-busy":                  "5 refused: all busy",
 		"#summary .a-shed":                      "2 shed: low priority",
 		`section[data-model="m1"] .turned-away`: "turned away 7 (all reasons)",
+		`section[data-model="m1"] .queued`:      "queued 3",
 	} {
 		if got := b.text(sel); got != want {
 			t.Errorf("%s shows %q, want %q", sel, got, want)
