@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"runtime"
 	"strconv"
@@ -455,4 +456,70 @@ func TestQueueDisconnects(t *testing.T) {
 	if len(mq.levels) != 0 {
 		t.Errorf("%d priority levels left in an empty queue", len(mq.levels))
 	}
+}
+
+// TestQueuePacingAcrossRouters: routers that share one record hand its
+// free worker queued requests at most once per pace × the record's routers
+// each, so three routers together hand it about one per pace (contract
+// §17); with routers 1 each would hand it one per pace.
+func TestQueuePacingAcrossRouters(t *testing.T) {
+	t.Parallel()
+	const pace = 20 * time.Millisecond
+	env, e := queueEnv(t, time.Minute, 0)
+	busy := events.BusySet{Model: model, Busy: []uint64{1}, Hard: []uint64{1}, AllBusy: true, Routers: 3}
+	busy.UpdatedAt = time.Now().UnixNano()
+	env.putSet(t, busy)
+	var routers []*Router
+	var fronts []string
+	for range 3 {
+		cfg := DefaultConfig()
+		cfg.BusyList, cfg.Registry = env.watcher, env.registry
+		cfg.QueueMaxWait, cfg.QueuePace = time.Minute, pace
+		rt, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(rt)
+		t.Cleanup(srv.Close)
+		routers, fronts = append(routers, rt), append(fronts, srv.URL)
+	}
+	depth := func() (n int64) {
+		for _, rt := range routers {
+			if mq := rt.queue.lookup(model); mq != nil {
+				n += mq.depth.Load()
+			}
+		}
+		return n
+	}
+	const perRouter = 40
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	for _, front := range fronts {
+		for range perRouter {
+			wg.Go(func() {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, front+PathCompletions, strings.NewReader(queueBody))
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					_ = resp.Body.Close()
+				}
+			})
+		}
+	}
+	natstest.WaitFor(t, 20*time.Second, "all queued", func() bool { return depth() == 3*perRouter })
+
+	start := time.Now()
+	free := events.BusySet{Model: model, Free: []uint64{1}, Routers: 3, UpdatedAt: time.Now().UnixNano()}
+	env.putSet(t, free)
+	natstest.WaitFor(t, 20*time.Second, "9 dispatches", func() bool { return e.hits.Load() >= 9 })
+	busy.UpdatedAt = time.Now().UnixNano()
+	env.putSet(t, busy)
+	took := time.Since(start)
+	sent := int64(3*perRouter) - depth()
+	// Each router: at most one per 3 paces, plus the first.
+	if limit := 3 * (int64(took/(3*pace)) + 1); sent > limit {
+		t.Errorf("%d queued requests sent in %v by 3 routers, want at most %d (each one per %v)", sent, took, limit, 3*pace)
+	}
+	t.Logf("%d queued requests sent in %v", sent, took)
+	cancel()
 }
