@@ -293,7 +293,8 @@ type modelQueue struct {
 	byClass [admission.NumClasses]int
 	seq     uint64
 	running bool // the dispatcher goroutine runs
-	// handed is when this router last handed each worker a queued request.
+	// handed is when this router last handed each worker a queued request,
+	// within the last pacing interval (older entries are dropped).
 	handed map[uint64]time.Time
 }
 
@@ -443,7 +444,6 @@ func (mq *modelQueue) run() {
 		}
 		if mq.depth.Load() == 0 {
 			mq.running = false
-			clear(mq.handed)
 			mq.mu.Unlock()
 			return
 		}
