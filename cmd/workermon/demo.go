@@ -75,10 +75,14 @@ type demoOptions struct {
 	noLoad     bool
 	reschedule bool
 	mix        string // --priority-mix
-	queueShare float64
-	duration   time.Duration
-	interval   time.Duration
-	log        logOptions
+	// queueMaxWait and queueShare are --queue-max-wait and --queue-share:
+	// runDemo turns the router's queue on with them (startDemo alone, as
+	// the tests use it, leaves it off).
+	queueMaxWait time.Duration
+	queueShare   float64
+	duration     time.Duration
+	interval     time.Duration
+	log          logOptions
 }
 
 func defaultDemoOptions() demoOptions {
@@ -106,7 +110,7 @@ func defaultDemoOptions() demoOptions {
 	o.load.Profile = loadgen.ProfileTriangle
 	o.load.MinRPS, o.load.MaxRPS, o.load.Period = DefaultDemoMinRPS, DefaultDemoMaxRPS, DefaultDemoPeriod
 	o.load.Window = 5 * time.Second
-	o.router.router.QueueMaxWait = DefaultDemoQueueMaxWait
+	o.queueMaxWait = DefaultDemoQueueMaxWait
 	return o
 }
 
@@ -130,7 +134,7 @@ func (o *demoOptions) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.noLoad, "no-load", false, "start no load generator (send your own requests to the router)")
 	fs.StringVar(&o.mix, "priority-mix", o.mix, `priorities of the load's requests, priority=share comma-separated ("": no header)`)
 	classFlags(fs, &o.serve.monitor)
-	fs.DurationVar(&o.router.router.QueueMaxWait, "queue-max-wait", o.router.router.QueueMaxWait,
+	fs.DurationVar(&o.queueMaxWait, "queue-max-wait", o.queueMaxWait,
 		"how long the router's queue holds a request that may wait (0: no queue)")
 	fs.Float64Var(&o.queueShare, "queue-share", o.queueShare,
 		"share of the load that may wait in the router's queue; the rest sends "+router.MaxWaitHeader+": 0")
@@ -234,6 +238,10 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		o.serve.resched.planner.BalanceGap = 0.02
 		o.router.router.MigrationLimit = max(o.router.router.MigrationLimit, 2)
 	}
+	if o.queueShare < 0 || o.queueShare > 1 {
+		return fmt.Errorf("%w: --queue-share %v must be in [0, 1]", errUsage, o.queueShare)
+	}
+	o.router.router.QueueMaxWait = o.queueMaxWait
 	d, err := startDemo(ctx, o, log)
 	if err != nil {
 		return err
@@ -252,9 +260,6 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	o.load.Target = "http://" + d.router.httpAddr
 	o.load.Models = []string{o.fleet.Model}
-	if o.queueShare < 0 || o.queueShare > 1 {
-		return fmt.Errorf("%w: --queue-share %v must be in [0, 1]", errUsage, o.queueShare)
-	}
 	if o.router.router.QueueMaxWait > 0 && o.queueShare < 1 {
 		o.load.Transport = newNoWaitTransport(o.load.Concurrency, 1-o.queueShare)
 	}
