@@ -609,7 +609,7 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 	case errors.Is(err, errQueueFull):
 		q.metrics.wait[ex.class][queueEvicted].Observe(0)
 		rt.admission.Observe(ex.model, rejected(d))
-		ex.queueReject(start, fmt.Sprintf("The queue for model %.256q is full, please retry later", ex.model))
+		ex.queueReject(time.Since(start), fmt.Sprintf("The queue for model %.256q is full, please retry later", ex.model))
 		return nil, false
 	}
 
@@ -630,13 +630,14 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 			waited := time.Since(start)
 			q.metrics.wait[ex.class][queueExpired].Observe(waited.Seconds())
 			rt.admission.Observe(ex.model, rejected(d))
-			ex.queueReject(start, fmt.Sprintf("Request waited %d ms in the queue for model %.256q: all workers stayed busy, please retry later",
+			ex.queueReject(waited, fmt.Sprintf("Request waited %d ms in the queue for model %.256q: all workers stayed busy, please retry later",
 				waited.Milliseconds(), ex.model))
 			return nil, false
 		}
 		v = <-w.done
 	}
-	ex.w.Header().Set(QueuedHeader, strconv.FormatInt(time.Since(start).Milliseconds(), 10))
+	waited := time.Since(start)
+	ex.w.Header().Set(QueuedHeader, strconv.FormatInt(waited.Milliseconds(), 10))
 	switch v.kind {
 	case verdictDispatch:
 		rt.admission.Observe(ex.model, v.d)
@@ -644,7 +645,7 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 		return v.cands, true
 	case verdictEvicted:
 		rt.admission.Observe(ex.model, rejected(d))
-		ex.queueReject(start, fmt.Sprintf("The queue for model %.256q is full, please retry later", ex.model))
+		ex.queueReject(waited, fmt.Sprintf("The queue for model %.256q is full, please retry later", ex.model))
 		return nil, false
 	}
 	return ex.decideAgain()
@@ -652,9 +653,9 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 
 // queueReject answers a request that leaves the queue without dispatch:
 // the shed status, Retry-After, X-Workermon-Queued and the error body.
-func (ex *exchange) queueReject(start time.Time, msg string) {
+func (ex *exchange) queueReject(waited time.Duration, msg string) {
 	h := ex.w.Header()
-	h.Set(QueuedHeader, strconv.FormatInt(time.Since(start).Milliseconds(), 10))
+	h.Set(QueuedHeader, strconv.FormatInt(waited.Milliseconds(), 10))
 	h.Set("Retry-After", ex.rt.retryAfter)
 	ex.writeError(ex.rt.cfg.ShedStatus, typeServiceUnavailable, msg)
 }

@@ -184,6 +184,9 @@ func TestQueueExpiry(t *testing.T) {
 		if n, _ := strconv.Atoi(m[1]); n < 150 {
 			t.Errorf("message says %d ms, want at least 150", n)
 		}
+		if q := resp.Header.Get(QueuedHeader); q != m[1] {
+			t.Errorf("X-Workermon-Queued %q, the message says %s ms", q, m[1])
+		}
 		if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
 			t.Errorf("Content-Type %q, want application/json", ct)
 		}
