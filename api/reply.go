@@ -51,6 +51,9 @@ type Record struct {
 	Reasons map[string]string `json:"reasons"`
 	// Thresholds are those the busy set was computed with.
 	Thresholds events.Thresholds `json:"thresholds"`
+	// Routers is the number of routers with a fresh estimate for the model
+	// (contract §17): their queues pace themselves by it.
+	Routers uint64 `json:"routers"`
 }
 
 // RecordsReply is the reply of GET /busy, sorted by model.
@@ -66,7 +69,7 @@ type ErrorReply struct {
 // recordOf converts a monitor record, with empty lists and maps, never nil.
 func recordOf(b events.BusySet) Record {
 	r := Record{Model: b.Model, Busy: b.Busy, Free: b.Free, Stale: b.Stale, AllBusy: b.AllBusy,
-		Amber: b.Amber, Hard: b.Hard, Reasons: b.Reasons, Thresholds: b.Thresholds}
+		Amber: b.Amber, Hard: b.Hard, Reasons: b.Reasons, Thresholds: b.Thresholds, Routers: b.Routers}
 	for _, l := range []*[]uint64{&r.Busy, &r.Free, &r.Stale, &r.Amber, &r.Hard} {
 		if *l == nil {
 			*l = []uint64{}

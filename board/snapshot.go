@@ -80,8 +80,12 @@ type Model struct {
 	Counts     Counts            `json:"counts"`
 	// Rejected counts the requests for this model the router rejected
 	// since it started; nil when the source has no router counts.
-	Rejected *uint64  `json:"rejected,omitempty"`
-	Workers  []Worker `json:"workers"`
+	Rejected *uint64 `json:"rejected,omitempty"`
+	// Queued is the number of requests for this model waiting in the
+	// router's queue now (contract §17); nil when the source has no router
+	// queues.
+	Queued  *uint64  `json:"queued,omitempty"`
+	Workers []Worker `json:"workers"`
 }
 
 // Counts are the sizes of a model's lists.

@@ -33,6 +33,10 @@ var _ Monitor = (*monitor.Monitor)(nil)
 // router's metrics.
 type Counter func() (rejected, outcomes map[string]uint64, err error)
 
+// QueueCounter returns the requests waiting in a router's queues by model
+// (contract §17). GatheredQueues reads them from a router's metrics.
+type QueueCounter func() (map[string]uint64, error)
+
 // MonitorSource shows a monitor's own view: each model's busy set and every
 // rank's load as the busy rules see it.
 type MonitorSource struct {
@@ -42,6 +46,8 @@ type MonitorSource struct {
 	// Counts, when set, adds a router's rejection counts (workermon demo
 	// runs both in one process); a monitor alone has none.
 	Counts Counter
+	// Queues, when set, adds the depth of a router's queues.
+	Queues QueueCounter
 }
 
 // Snapshot implements Source.
@@ -61,6 +67,10 @@ func (s *MonitorSource) Snapshot(ctx context.Context) (Snapshot, error) {
 			return snap, fmt.Errorf("board: read the router's counts: %w", err)
 		}
 	}
+	queued, err := readQueues(s.Queues)
+	if err != nil {
+		return snap, err
+	}
 	// Both lists are sorted by model (then worker and rank): one merge.
 	i := 0
 	for _, rec := range records {
@@ -69,6 +79,10 @@ func (s *MonitorSource) Snapshot(ctx context.Context) (Snapshot, error) {
 		if rejected != nil {
 			n := rejected[rec.Model]
 			m.Rejected = &n
+		}
+		if queued != nil {
+			n := queued[rec.Model]
+			m.Queued = &n
 		}
 		for i < len(loads) && loads[i].Model < rec.Model {
 			i++
@@ -136,6 +150,8 @@ type RouterSource struct {
 	Tracker Tracker
 	// Counts is optional: the router's admission counts.
 	Counts Counter
+	// Queues is optional: the depth of the router's queues by model.
+	Queues QueueCounter
 	// ID names the router in the page's header.
 	ID string
 }
@@ -149,6 +165,10 @@ func (s *RouterSource) Snapshot(_ context.Context) (Snapshot, error) {
 		if rejected, snap.Admissions, err = s.Counts(); err != nil {
 			return snap, fmt.Errorf("board: read the router's counts: %w", err)
 		}
+	}
+	queued, err := readQueues(s.Queues)
+	if err != nil {
+		return snap, err
 	}
 	if !s.BusyList.Ready() {
 		snap.Note = "the busy list (KV bucket " + events.BusyBucket + ") is not loaded yet: every request is admitted or rejected by --fail-open"
@@ -181,6 +201,10 @@ func (s *RouterSource) Snapshot(_ context.Context) (Snapshot, error) {
 		if rejected != nil {
 			n := rejected[name]
 			m.Rejected = &n
+		}
+		if queued != nil {
+			n := queued[name]
+			m.Queued = &n
 		}
 		loads = addEstimates(m.Workers, m.Thresholds, name, loads)
 		for _, w := range m.Workers {
@@ -237,11 +261,50 @@ func addEstimates(workers []Worker, t events.Thresholds, model string, loads []s
 	return loads
 }
 
-// Metric families GatheredCounts reads.
+// readQueues calls q when set; nil otherwise.
+func readQueues(q QueueCounter) (map[string]uint64, error) {
+	if q == nil {
+		return nil, nil
+	}
+	queued, err := q()
+	if err != nil {
+		return nil, fmt.Errorf("board: read the router's queues: %w", err)
+	}
+	return queued, nil
+}
+
+// Metric families GatheredCounts and GatheredQueues read.
 const (
 	rejectedFamily   = "workermon_router_requests_rejected_total"
 	admissionsFamily = "workermon_router_admissions_total"
+	queueDepthFamily = "workermon_router_queue_depth"
 )
+
+// GatheredQueues returns a QueueCounter that reads a router's
+// workermon_router_queue_depth from g, summed over the classes. Models
+// beyond the router's label cap are counted under "other".
+func GatheredQueues(g prometheus.Gatherer) QueueCounter {
+	return func() (map[string]uint64, error) {
+		families, err := g.Gather()
+		if err != nil && len(families) == 0 {
+			return nil, fmt.Errorf("board: gather the router's metrics: %w", err)
+		}
+		queued := map[string]uint64{}
+		for _, f := range families {
+			if f.GetName() != queueDepthFamily {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == "model" {
+						queued[lp.GetValue()] += uint64(max(m.GetGauge().GetValue(), 0))
+					}
+				}
+			}
+		}
+		return queued, nil
+	}
+}
 
 // GatheredCounts returns a Counter that reads a router's admission
 // counters (workermon_router_requests_rejected_total by model,

@@ -165,16 +165,17 @@ func TestRouterSource(t *testing.T) {
 	src := &RouterSource{BusyList: list, Registry: reg, Tracker: tracker, ID: "r1",
 		Counts: func() (map[string]uint64, map[string]uint64, error) {
 			return map[string]uint64{"c": 4}, map[string]uint64{"rejected": 4}, nil
-		}}
+		},
+		Queues: func() (map[string]uint64, error) { return map[string]uint64{"d": 7}, nil }}
 	got, err := src.Snapshot(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	zero, four := uint64(0), uint64(4)
+	zero, four, seven := uint64(0), uint64(4), uint64(7)
 	lim1000 := uint64(1000)
 	kv := events.Ptr(0.8)
 	want := Snapshot{Kind: KindRouter, Name: "r1", Estimates: true, Admissions: map[string]uint64{"rejected": 4}, Models: []Model{
-		{Name: "a", ListStale: true, UpdatedAt: 1_700_000_000_123, Thresholds: testThresholds, Rejected: &zero,
+		{Name: "a", ListStale: true, UpdatedAt: 1_700_000_000_123, Thresholds: testThresholds, Rejected: &zero, Queued: &zero,
 			Counts: Counts{Busy: 2, Free: 2, Stale: 1, Cordoned: 1, Amber: 1, Hard: 1, Unlisted: 1},
 			Workers: []Worker{
 				{ID: 1, State: StateBusy, Level: LevelHard, Reason: "kv"},
@@ -186,9 +187,9 @@ func TestRouterSource(t *testing.T) {
 				{ID: 9, State: StateUnlisted, Endpoint: "http://w9", Ranks: []Rank{
 					{Rank: 0, KVThreshold: kv, Prefill: 1, PrefillLimit: &lim1000}}},
 			}},
-		{Name: "c", Rejected: &four, Counts: Counts{Unlisted: 1}, Workers: []Worker{
+		{Name: "c", Rejected: &four, Queued: &zero, Counts: Counts{Unlisted: 1}, Workers: []Worker{
 			{ID: 1, State: StateUnlisted, Endpoint: "http://c1", Ranks: []Rank{{Rank: 1, Prefill: 7}}}}},
-		{Name: "d", AllBusy: true, Rejecting: true, Rejected: &zero, Counts: Counts{Busy: 1}, Workers: []Worker{
+		{Name: "d", AllBusy: true, Rejecting: true, Rejected: &zero, Queued: &seven, Counts: Counts{Busy: 1}, Workers: []Worker{
 			{ID: 5, State: StateBusy, Reason: "prefill"}}},
 	}}
 	if !reflect.DeepEqual(got, want) {
@@ -227,6 +228,25 @@ func TestGatheredCounts(t *testing.T) {
 	}
 	if outcomes["rejected"] != 3 || outcomes["admitted"] != 1 {
 		t.Errorf("outcomes %v, want 3 rejected and 1 admitted", outcomes)
+	}
+}
+
+// TestGatheredQueues reads the depth of a router's queues (contract §17)
+// by model, summed over the classes.
+func TestGatheredQueues(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	depth := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "workermon_router_queue_depth", Help: "h"}, []string{"model", "class"})
+	reg.MustRegister(depth)
+	depth.WithLabelValues("a", "standard").Set(3)
+	depth.WithLabelValues("a", "critical").Set(2)
+	depth.WithLabelValues("b", "standard").Set(0)
+	got, err := GatheredQueues(reg)()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]uint64{"a": 5, "b": 0}; !reflect.DeepEqual(got, want) {
+		t.Errorf("queued %v, want %v", got, want)
 	}
 }
 

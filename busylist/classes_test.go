@@ -174,8 +174,9 @@ func TestWriterSameContentLevels(t *testing.T) {
 		t.Error("records differing only by the writer's fields differ")
 	}
 	for name, change := range map[string]func(*events.BusySet){
-		"amber": func(r *events.BusySet) { r.Amber = []uint64{1, 2} },
-		"hard":  func(r *events.BusySet) { r.Hard = []uint64{3} },
+		"amber":   func(r *events.BusySet) { r.Amber = []uint64{1, 2} },
+		"hard":    func(r *events.BusySet) { r.Hard = []uint64{3} },
+		"routers": func(r *events.BusySet) { r.Routers = 3 },
 	} {
 		other := base
 		change(&other)

@@ -292,6 +292,15 @@ func (w *Watcher) Record(model string) (rec events.BusySet, received time.Time, 
 	return e.rec, e.received, true
 }
 
+// Routers returns the routers field of a model's record (contract §17):
+// the number of routers sharing its workers; 0 without a record. Lock-free.
+func (w *Watcher) Routers(model string) uint64 {
+	if e := w.state.Load()[model]; e != nil {
+		return e.rec.Routers
+	}
+	return 0
+}
+
 // Models returns the models that have a record, sorted.
 func (w *Watcher) Models() []string {
 	return slices.Sorted(maps.Keys(w.state.Load()))

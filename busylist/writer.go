@@ -760,5 +760,5 @@ func writerSameContent(a, b *events.BusySet) bool {
 	return a.Model == b.Model && a.AllBusy == b.AllBusy &&
 		slices.Equal(a.Busy, b.Busy) && slices.Equal(a.Free, b.Free) && slices.Equal(a.Stale, b.Stale) &&
 		slices.Equal(a.Amber, b.Amber) && slices.Equal(a.Hard, b.Hard) &&
-		maps.Equal(a.Reasons, b.Reasons) && a.Thresholds.Equal(b.Thresholds)
+		maps.Equal(a.Reasons, b.Reasons) && a.Thresholds.Equal(b.Thresholds) && a.Routers == b.Routers
 }

@@ -86,10 +86,13 @@ type BusySet struct {
 	Hard       []uint64          `msgpack:"hard"`
 	Reasons    map[string]string `msgpack:"reasons"`
 	Thresholds Thresholds        `msgpack:"thresholds"`
-	UpdatedAt  int64             `msgpack:"updated_at"`
-	MonitorID  string            `msgpack:"monitor_id"`
-	Epoch      uint64            `msgpack:"epoch"`
-	Seq        uint64            `msgpack:"seq"`
+	// Routers is the number of router/* sources with a fresh estimate for
+	// the model (contract §17); absent in older records: 0.
+	Routers   uint64 `msgpack:"routers"`
+	UpdatedAt int64  `msgpack:"updated_at"`
+	MonitorID string `msgpack:"monitor_id"`
+	Epoch     uint64 `msgpack:"epoch"`
+	Seq       uint64 `msgpack:"seq"`
 }
 
 // MarshalBusySet encodes a record with AppendBusySet. Nil lists and maps

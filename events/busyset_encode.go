@@ -14,7 +14,7 @@ import (
 // the order of their keys. It is the one encoder of records: MarshalBusySet
 // and the busylist Writer use it.
 func AppendBusySet(b []byte, r *BusySet) []byte {
-	b = appendMapLen(b, 14)
+	b = appendMapLen(b, 15)
 	b = appendStr(b, "v")
 	b = appendUint(b, SchemaVersion)
 	b = appendStr(b, "model")
@@ -35,6 +35,8 @@ func AppendBusySet(b []byte, r *BusySet) []byte {
 	b = appendReasons(b, r.Busy, r.Reasons)
 	b = appendStr(b, "thresholds")
 	b = appendThresholds(b, r.Thresholds)
+	b = appendStr(b, "routers")
+	b = appendUint(b, r.Routers)
 	b = appendStr(b, "updated_at")
 	b = appendInt(b, r.UpdatedAt)
 	b = appendStr(b, "monitor_id")

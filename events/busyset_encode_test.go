@@ -76,7 +76,7 @@ func TestAppendBusySetMatchesReflection(t *testing.T) {
 			Reasons: map[string]string{"3": ReasonKVPrefill, "1099511627776": ReasonCordoned},
 			Thresholds: Thresholds{ActiveDecodeBlocks: Ptr(0.85), ActivePrefillTokens: Ptr[uint64](1 << 33),
 				ActivePrefillTokensFrac: Ptr(1.5)},
-			UpdatedAt: 1_763_769_600_000_000_000, MonitorID: strings.Repeat("m", 40), Epoch: 300, Seq: 1 << 20}},
+			Routers: 3, UpdatedAt: 1_763_769_600_000_000_000, MonitorID: strings.Repeat("m", 40), Epoch: 300, Seq: 1 << 20}},
 		{"negative updated_at", BusySet{Model: "m", UpdatedAt: -5_000_000}},
 		{"reasons of workers not busy, busy not sorted", BusySet{Model: "m", Busy: []uint64{9, 2, 2},
 			Reasons: map[string]string{"9": "kv", "2": "prefill", "10": "kv", "x": "kv", "07": "kv"}}},

@@ -267,6 +267,34 @@ func TestBusySetEncodesEmptyCollections(t *testing.T) {
 	}
 }
 
+// TestBusySetRouters: the record's routers count (contract §17) round-trips,
+// and a record written before it decodes as 0.
+func TestBusySetRouters(t *testing.T) {
+	t.Parallel()
+	b, err := MarshalBusySet(&BusySet{Model: "m", Routers: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := map[string]any{}
+	if err := msgpackUnmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(raw["routers"]) != "3" {
+		t.Fatalf("routers = %#v, want 3", raw["routers"])
+	}
+	if got, err := DecodeBusySet(b); err != nil || got.Routers != 3 {
+		t.Fatalf("decode: routers %d, %v", got.Routers, err)
+	}
+	delete(raw, "routers")
+	old, err := msgpack.Marshal(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := DecodeBusySet(old); err != nil || got.Routers != 0 {
+		t.Fatalf("record without routers: routers %d, %v", got.Routers, err)
+	}
+}
+
 func TestBusySetAmberHard(t *testing.T) {
 	t.Parallel()
 	in := BusySet{

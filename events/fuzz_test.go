@@ -77,6 +77,8 @@ func FuzzDecodeBusySet(f *testing.F) {
 	b, _ = MarshalBusySet(&BusySet{Model: "m", Busy: []uint64{1, 2}, Free: []uint64{3, 4}, Amber: []uint64{4}, Hard: []uint64{2},
 		Reasons: map[string]string{"1": "kv", "2": "prefill"}})
 	f.Add(b)
+	b, _ = MarshalBusySet(&BusySet{Model: "m", Busy: []uint64{1}, Routers: 3, Reasons: map[string]string{"1": "kv"}})
+	f.Add(b)
 	f.Add([]byte{0x80})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_, _ = DecodeBusySet(data)

@@ -305,6 +305,9 @@ func (s *state) applyReport(r *events.LoadReport, subject string, unchecked bool
 		}
 	}
 	rs.heard = now
+	if src.router {
+		s.heardRouter(m, r.Source, now)
+	}
 	s.evaluate(w, now)
 	s.timers.scheduleBy(w, now.Add(s.cfg.StaleAfter))
 	return "", nil
@@ -439,6 +442,7 @@ func (s *state) check(w *worker, now time.Time) {
 		return
 	}
 	s.evaluate(w, now)
+	s.recountRouters(w.model, now)
 	if next.IsZero() {
 		// Nothing fresh: check again when the oldest state is gone.
 		next = oldestHeard(w).Add(s.cfg.GoneAfter)

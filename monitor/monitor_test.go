@@ -1151,3 +1151,42 @@ func TestBusyFraction(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordCountsRouters: the record's routers (contract §17) is the
+// number of router/* sources with a fresh estimate for the model, counted
+// once however many workers they estimate, and it falls when one goes
+// stale.
+func TestRecordCountsRouters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		est := func(source string, boot, worker uint64) events.LoadReport {
+			r := h.report(worker, 0, 0, 0)
+			r.ActiveDecodeBlocks, r.KVTotalBlocks = events.Optional{}, events.Optional{}
+			r.Source, r.BootID, r.ActivePrefillTokens = source, boot, events.Some(10)
+			return r
+		}
+		h.send(h.report(1, 0, 10, 100))
+		h.send(h.report(2, 0, 10, 100))
+		if rec := h.expect(nil, []uint64{1, 2}, nil); rec.Routers != 0 {
+			t.Fatalf("routers = %d with no router, want 0", rec.Routers)
+		}
+		for _, src := range []string{"router/a", "router/b", "router/c"} {
+			h.send(est(src, 7, 1))
+			h.send(est(src, 7, 2))
+		}
+		if rec := h.expect(nil, []uint64{1, 2}, nil); rec.Routers != 3 {
+			t.Fatalf("routers = %d with three, want 3", rec.Routers)
+		}
+		// router/c falls silent: it stops counting once stale.
+		for range int(DefaultStaleAfter/time.Second) + 1 {
+			time.Sleep(time.Second)
+			h.send(h.report(1, 0, 10, 100))
+			h.send(h.report(2, 0, 10, 100))
+			h.send(est("router/a", 7, 1))
+			h.send(est("router/b", 7, 2))
+		}
+		if rec := h.expect(nil, []uint64{1, 2}, nil); rec.Routers != 2 {
+			t.Fatalf("routers = %d after router/c went stale, want 2", rec.Routers)
+		}
+	})
+}

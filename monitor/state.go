@@ -145,10 +145,15 @@ type model struct {
 	busy, free, stale []uint64
 	amber, hard       []uint64          // free workers at amber, busy workers at hard (§15)
 	reasons           map[string]string // of the busy workers, by decimal id
-	allBusy           bool              // in the last record flushed
-	metrics           modelMetrics
-	dirty             bool // the record changed since the last flush
-	queued            bool // in state.dirty
+	// routerHeard is when each router/* source last reported on a worker
+	// of the model, fresh ones only; routers is their number in the record
+	// (contract §17).
+	routerHeard map[string]time.Time
+	routers     int
+	allBusy     bool // in the last record flushed
+	metrics     modelMetrics
+	dirty       bool // the record changed since the last flush
+	queued      bool // in state.dirty
 }
 
 func (m *model) list(c Class) *[]uint64 {
@@ -236,6 +241,33 @@ func (m *model) record() events.BusySet {
 		Hard:       slices.Clone(m.hard),
 		Reasons:    maps.Clone(m.reasons),
 		Thresholds: m.thresholds,
+		Routers:    uint64(m.routers),
+	}
+}
+
+// heardRouter notes a report of the router source name on a worker of m at
+// now, and recounts m's routers when that source was not fresh.
+func (s *state) heardRouter(m *model, name string, now time.Time) {
+	prev, ok := m.routerHeard[name]
+	if m.routerHeard == nil {
+		m.routerHeard = make(map[string]time.Time)
+	}
+	m.routerHeard[name] = now
+	if !ok || !prev.After(now.Add(-s.cfg.StaleAfter)) {
+		s.recountRouters(m, now)
+	}
+}
+
+// recountRouters forgets the router sources of m not heard within
+// stale-after and marks m's record dirty when their number changed. It
+// costs one step per router, not per worker.
+func (s *state) recountRouters(m *model, now time.Time) {
+	staleBefore := now.Add(-s.cfg.StaleAfter)
+	maps.DeleteFunc(m.routerHeard, func(_ string, t time.Time) bool { return !t.After(staleBefore) })
+	if n := len(m.routerHeard); n != m.routers {
+		m.routers = n
+		m.dirty = true
+		s.markDirty(m)
 	}
 }
 

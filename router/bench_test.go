@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/workermon/workermon/admission"
 	"github.com/workermon/workermon/events"
@@ -62,4 +65,73 @@ func FuzzSSEReader(f *testing.F) {
 			t.Fatalf("events %q != input %q", out, in)
 		}
 	})
+}
+
+// hotPathFixture is what a request that does not wait goes through with
+// flow control on (contract §17): its headers checked, its class decided on
+// a record, and the look at its model's queue, empty.
+func hotPathFixture(tb testing.TB) (hot, decide func() bool, _ *modelQueue) {
+	tb.Helper()
+	m, err := newQueueMetrics(nil, 10)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	f := newFakeFleet(1, 2)
+	q := newQueues(time.Second, DefaultQueueMaxRequests, DefaultQueuePace, f.deps(), m)
+	mq := q.forModel("m")
+	q.forModel("other")
+	rec := events.BusySet{Model: "m", Free: []uint64{1, 3}, Busy: []uint64{2}, Amber: []uint64{3}}
+	cl := admission.PrepareClasses(&rec)
+	p := admission.Policy{StaleAfter: time.Second, FailOpen: true}
+	req := httptest.NewRequest(http.MethodPost, PathCompletions, nil)
+	req.Header.Set(MaxWaitHeader, "500")
+	req.Header.Set(TenantHeader, "team-a")
+	qh0 := queueHeaders{maxWait: 500 * time.Millisecond, tenant: "team-a"}
+	return func() bool {
+			qh, msg := parseQueueHeaders(req)
+			if msg != "" {
+				return false
+			}
+			d := p.DecideClassRecord(&rec, &cl, admission.ClassStandard, false)
+			return d.Admit && !q.waits("m", d, qh)
+		}, func() bool {
+			d := p.DecideClassRecord(&rec, &cl, admission.ClassStandard, false)
+			return d.Admit && !q.waits("m", d, qh0)
+		}, mq
+}
+
+// TestQueueHotPathNoAlloc: with flow control on and the model's queue
+// empty, a request that does not wait allocates nothing (and takes no
+// lock: the queue is read through an atomic map and an atomic depth).
+func TestQueueHotPathNoAlloc(t *testing.T) { // not parallel: AllocsPerRun
+	hot, _, mq := hotPathFixture(t)
+	if !hot() {
+		t.Fatal("the request would wait")
+	}
+	if n := testing.AllocsPerRun(1000, func() { _ = hot() }); n != 0 {
+		t.Errorf("%v allocs/op, want 0", n)
+	}
+	// Held locked: a request that does not wait never takes it.
+	mq.mu.Lock()
+	defer mq.mu.Unlock()
+	if !hot() {
+		t.Fatal("the request would wait")
+	}
+}
+
+// BenchmarkQueueHotPath measures hotPathFixture: the decision and the look
+// at the empty queue (decide), and the same with the headers checked first
+// (headers).
+func BenchmarkQueueHotPath(b *testing.B) {
+	hot, decide, _ := hotPathFixture(b)
+	for name, f := range map[string]func() bool{"decide": decide, "headers": hot} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if !f() {
+					b.Fatal("would wait")
+				}
+			}
+		})
+	}
 }

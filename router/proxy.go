@@ -42,6 +42,9 @@ type exchange struct {
 	// prompt is what the request adds to a worker's slots; empty without
 	// a tracker.
 	prompt promptLoad
+	// preferred is the worker of the first attempt, chosen by the queue's
+	// dispatcher; nil otherwise.
+	preferred *events.WorkerEntry
 }
 
 // serveInference proxies a POST /v1/completions or /v1/chat/completions.
@@ -78,6 +81,11 @@ func (ex *exchange) serve() {
 		return
 	}
 	ex.class = class
+	qh, msg := parseQueueHeaders(ex.r)
+	if msg != "" {
+		ex.writeError(http.StatusBadRequest, typeInvalidRequest, msg)
+		return
+	}
 
 	// A model nobody serves is answered "no workers available", never with
 	// the all-busy rejection (contract §7c), whatever its record says.
@@ -107,6 +115,14 @@ func (ex *exchange) serve() {
 	if d.Admit && len(cands) == 0 {
 		d = rt.unroutable(model, d, registered)
 	}
+	if rt.queue.waits(model, d, qh) {
+		var ok bool
+		if cands, ok = ex.queued(d, cands, qh); !ok {
+			return
+		}
+		ex.forward(body, cands)
+		return
+	}
 	// Counted once the outcome is known: an admission has a candidate.
 	rt.admission.Observe(model, d)
 	if !d.Admit {
@@ -114,7 +130,12 @@ func (ex *exchange) serve() {
 		rt.reject.RejectDecision(ex.w, d)
 		return
 	}
+	ex.forward(body, cands)
+}
 
+// forward sends an admitted request to one of cands and relays the answer.
+func (ex *exchange) forward(body []byte, cands []events.WorkerEntry) {
+	rt := ex.rt
 	if rt.slots != nil {
 		ex.prompt = parsePrompt(ex.route, body)
 	}
@@ -295,14 +316,19 @@ func (ex *exchange) dispatch(body []byte, cands []events.WorkerEntry, identity, 
 	var lastErr error
 	failures, sameRetried := 0, false
 	var same *events.WorkerEntry
+attempts:
 	for failures <= rt.cfg.MaxRetries {
 		var worker events.WorkerEntry
-		if same != nil {
+		switch {
+		case same != nil:
 			worker, same = *same, nil
-		} else {
+		case ex.preferred != nil:
+			// Chosen by the queue's dispatcher (contract §17).
+			worker, ex.preferred = *ex.preferred, nil
+		default:
 			var ok bool
 			if worker, ok = ex.pick(cands); !ok {
-				break
+				break attempts
 			}
 		}
 		if lastErr != nil {

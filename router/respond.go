@@ -109,7 +109,7 @@ func (rt *Router) serveNotFound(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case PathCompletions, PathChatCompletions:
 		allow = http.MethodPost
-	case PathModels, "/healthz", "/readyz":
+	case PathModels, PathQueues, "/healthz", "/readyz":
 		allow = "GET, HEAD"
 	}
 	if allow != "" {

@@ -177,6 +177,17 @@ type Config struct {
 	// requests in flight. Needs Slots.
 	PickLeastPotential bool
 
+	// QueueMaxWait is how long a request whose class has no candidate
+	// waits in its model's queue (contract §17); 0, flow control is off.
+	QueueMaxWait time.Duration
+	// QueueMaxRequests is how many requests a model's queue holds;
+	// positive.
+	QueueMaxRequests int
+	// QueuePace is the pace of dispatch from the queue: this router hands
+	// a free worker at most one queued request per QueuePace × max(1, the
+	// record's routers); positive.
+	QueuePace time.Duration
+
 	// Transport sends the requests to the workers (nil: a Transport of the
 	// Router's own, with ConnectTimeout and no compression).
 	Transport http.RoundTripper
@@ -202,6 +213,10 @@ func DefaultConfig() Config {
 		ConnectTimeout:  DefaultConnectTimeout,
 		MaxRetries:      DefaultMaxRetries,
 		MigrationLimit:  DefaultMigrationLimit,
+
+		QueueMaxWait:     DefaultQueueMaxWait,
+		QueueMaxRequests: DefaultQueueMaxRequests,
+		QueuePace:        DefaultQueuePace,
 	}
 }
 
@@ -241,6 +256,15 @@ func (c Config) Validate() error {
 	if c.MigrationLimit < 0 {
 		bad("migration limit %d is negative", c.MigrationLimit)
 	}
+	if c.QueueMaxWait < 0 {
+		bad("queue max wait %v is negative", c.QueueMaxWait)
+	}
+	if c.QueueMaxWait > 0 && c.QueueMaxRequests <= 0 {
+		bad("queue max requests %d is not positive", c.QueueMaxRequests)
+	}
+	if c.QueueMaxWait > 0 && c.QueuePace <= 0 {
+		bad("queue pace %v is not positive", c.QueuePace)
+	}
 	return errors.Join(errs...)
 }
 
@@ -255,6 +279,7 @@ type Router struct {
 	metrics   *metrics
 	loads     loads
 	slots     *slotTracker // nil without Config.Slots
+	queue     *queues      // nil with flow control off
 	mux       *http.ServeMux
 
 	retryAfter             string // RetryAfter in whole seconds
@@ -294,6 +319,22 @@ func New(cfg Config) (*Router, error) {
 	rt.streamLog = rateLog{log: rt.log, every: rateLogEvery}
 	rt.registryLog = rateLog{log: rt.log, every: rateLogEvery}
 	rt.loads.init()
+	qm, err := newQueueMetrics(cfg.Registerer, admission.DefaultMaxModelLabels)
+	if err != nil {
+		return nil, fmt.Errorf("router: new: %w", err)
+	}
+	if cfg.QueueMaxWait > 0 {
+		deps := queueDeps{
+			decide:     cfg.BusyList.DecideClass,
+			registered: cfg.Registry.Endpoints,
+			routers:    func(string) uint64 { return 0 },
+			pick:       func(c []events.WorkerEntry) (events.WorkerEntry, bool) { return rt.loads.pick(c, nil) },
+		}
+		if rc, ok := cfg.BusyList.(interface{ Routers(model string) uint64 }); ok {
+			deps.routers = rc.Routers
+		}
+		rt.queue = newQueues(cfg.QueueMaxWait, cfg.QueueMaxRequests, cfg.QueuePace, deps, qm)
+	}
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+PathCompletions, func(w http.ResponseWriter, r *http.Request) {
@@ -303,6 +344,7 @@ func New(cfg Config) (*Router, error) {
 		rt.serveInference(w, r, routeChatCompletions)
 	})
 	mux.HandleFunc("GET "+PathModels, rt.serveModels)
+	mux.HandleFunc("GET "+PathQueues, rt.serveQueues)
 	if cfg.Slots != nil {
 		rt.slots = &slotTracker{tr: cfg.Slots, prefix: cmp.Or(cfg.RouterID, "router")}
 		api := slotsapi.Handler(cfg.Slots)
@@ -322,6 +364,7 @@ const (
 	PathCompletions     = "/v1/completions"
 	PathChatCompletions = "/v1/chat/completions"
 	PathModels          = "/v1/models"
+	PathQueues          = "/queues"
 )
 
 // Route labels of the metrics.

@@ -103,12 +103,17 @@
       el: el,
       badge: make('span', 'badge', head),
       counts: make('span', 'counts', head),
+      queued: make('span', 'queued', head),
       turnedAway: make('span', 'turned-away', head),
       thresholds: make('div', 'thresholds', el),
+      strip: makeStrip(el),
       tilesEl: make('div', 'tiles', el),
       tiles: new Map(), // worker id -> tile state
       countsKey: '',
     };
+    sec.queued.hidden = true;
+    sec.queued.title = 'requests for this model waiting in the router\'s queue now (--queue-max-wait), ' +
+      'sent as workers free';
     sec.turnedAway.hidden = true;
     sec.turnedAway.title = 'requests for this model the router did not admit since it started, for any reason: ' +
       'every worker busy, sheddable requests shed, a stale list when failing closed';
@@ -151,6 +156,19 @@
       if (n.cordoned) add('cordoned', n.cordoned, 'cordoned');
       if (n.unlisted) add('unlisted', n.unlisted, 'unlisted');
     }
+    // The router's queue (contract §17): shown once the source has one.
+    if (m.queued != null) {
+      sec.queued.hidden = false;
+      const q = fmt.format(m.queued);
+      if (sec.queued.dataset.v !== q) {
+        sec.queued.dataset.v = q;
+        sec.queued.classList.toggle('waiting', m.queued > 0);
+        sec.queued.replaceChildren(document.createTextNode('queued '), make('b'));
+        sec.queued.children[0].textContent = q;
+      }
+    } else {
+      sec.queued.hidden = true;
+    }
     // Every refusal for the model, whatever the reason: the header splits
     // the router's refusals into all busy and shed.
     if (m.rejected != null) {
@@ -168,7 +186,138 @@
     let th = 'thresholds: ' + thresholdsText(m.thresholds);
     if (m.updated_at) th += ' · record written ' + new Date(m.updated_at).toLocaleTimeString();
     text(sec.thresholds, th);
+    sample(sec, m, snap);
+    drawStrip(sec);
     updateTiles(sec, m, snap);
+  }
+
+  // ---- strip: the model's last minutes ----------------------------------
+  // Each snapshot adds a sample per model; the strip draws the last
+  // stripSpan of them: requests admitted, rejected and shed per second (from
+  // the differences of the counters), requests queued, and busy workers.
+  // Admitted and shed are the router's counts, which are not by model: the
+  // strip shows them when the board shows one model only.
+  const stripSpan = 5 * 60 * 1000;
+  const stripW = 600, stripH = 48, busyH = 12;
+  const SVG = 'http://www.w3.org/2000/svg';
+  const series = [
+    { key: 'adm', label: 'admitted', unit: '/s', cls: 's-adm' },
+    { key: 'rej', label: 'rejected', unit: '/s', cls: 's-rej' },
+    { key: 'shed', label: 'shed', unit: '/s', cls: 's-shed' },
+    { key: 'q', label: 'queued', unit: '', cls: 's-q' },
+  ];
+  function svg(tag, className, parent) {
+    const el = document.createElementNS(SVG, tag);
+    if (className) el.setAttribute('class', className);
+    if (parent) parent.appendChild(el);
+    return el;
+  }
+  function makeStrip(parent) {
+    const wrap = make('div', 'strip', parent);
+    const chart = svg('svg', 'strip-chart', wrap);
+    chart.setAttribute('viewBox', '0 0 ' + stripW + ' ' + (stripH + busyH + 2));
+    chart.setAttribute('preserveAspectRatio', 'none');
+    chart.setAttribute('role', 'img');
+    const st = { wrap: wrap, chart: chart, lines: {}, samples: [], legend: make('div', 'strip-legend', wrap) };
+    st.busy = svg('path', 'strip-busy', chart);
+    for (const se of series) st.lines[se.key] = svg('polyline', 'strip-line ' + se.cls, chart);
+    return st;
+  }
+  function sample(sec, m, snap) {
+    const one = snap.models.length === 1 && snap.admissions;
+    const a = snap.admissions || {};
+    const ss = sec.strip.samples;
+    ss.push({
+      t: Date.now(),
+      adm: one ? (a.admitted || 0) + (a.stale_open || 0) + (a.unknown_model || 0) : null,
+      shed: one ? (a.shed || 0) : null,
+      rej: m.rejected != null ? m.rejected : null,
+      q: m.queued != null ? m.queued : null,
+      busy: m.counts.busy,
+      workers: m.workers.length,
+    });
+    const cut = Date.now() - stripSpan - 60000;
+    while (ss.length > 2 && ss[1].t < cut) ss.shift();
+  }
+  // steps returns the series of one key as steps [t0, t1, value]: a level
+  // (queued) holds from its sample to the next, and to now after the last;
+  // a counter's rate over each interval between samples, then 0 to now (a
+  // changed counter changes the snapshot, so no snapshot means no change).
+  function steps(ss, key, now) {
+    const out = [];
+    for (let i = 0; i < ss.length; i++) {
+      const t1 = i + 1 < ss.length ? ss[i + 1].t : now;
+      if (key === 'q') {
+        if (ss[i].q != null) out.push([ss[i].t, t1, ss[i].q]);
+        continue;
+      }
+      if (i + 1 === ss.length) {
+        if (ss[i][key] != null) out.push([ss[i].t, now, 0]);
+        continue;
+      }
+      const a = ss[i][key], b = ss[i + 1][key], dt = (ss[i + 1].t - ss[i].t) / 1000;
+      if (a != null && b != null && dt > 0) out.push([ss[i].t, t1, Math.max(0, b - a) / dt]);
+    }
+    return out;
+  }
+  // recent is the legend's value: the level now, or a counter's rate over
+  // the last 5 s (over what there is when the samples are younger).
+  function recent(ss, key, now) {
+    const last = ss[ss.length - 1];
+    if (!last || last[key] == null) return null;
+    if (key === 'q') return last.q;
+    let ref = ss[0];
+    for (const s of ss) if (s.t <= now - 5000) ref = s;
+    const dt = (now - ref.t) / 1000;
+    return ref[key] == null || dt <= 0 ? 0 : Math.max(0, last[key] - ref[key]) / Math.max(dt, 1);
+  }
+  function drawStrip(sec) {
+    const st = sec.strip, ss = st.samples;
+    const now = Date.now();
+    const x = (t) => Math.max(0, stripW * (t - (now - stripSpan)) / stripSpan).toFixed(1);
+    const all = {};
+    let top = 1;
+    for (const se of series) {
+      all[se.key] = steps(ss, se.key, now);
+      for (const p of all[se.key]) if (p[2] > top) top = p[2];
+    }
+    const y = (v) => (stripH - (stripH - 2) * v / top).toFixed(1);
+    const legend = [];
+    for (const se of series) {
+      const pts = [];
+      for (const p of all[se.key]) pts.push(x(p[0]) + ',' + y(p[2]), x(p[1]) + ',' + y(p[2]));
+      attr(st.lines[se.key], 'points', pts.join(' '));
+      const v = recent(ss, se.key, now);
+      st.lines[se.key].dataset.last = v == null ? '' : String(v);
+      if (v != null) legend.push({ se: se, v: se.unit ? v.toFixed(1) + se.unit : fmt.format(v) });
+    }
+    // Busy workers: a band under the lines, its height the busy share.
+    let d = '';
+    for (let i = 0; i < ss.length; i++) {
+      const s = ss[i], t1 = i + 1 < ss.length ? ss[i + 1].t : now;
+      const h = s.workers ? busyH * s.busy / s.workers : 0;
+      if (h > 0) d += 'M' + x(s.t) + ',' + (stripH + 2 + busyH) + 'V' + (stripH + 2 + busyH - h).toFixed(1) + 'H' + x(t1) + 'V' + (stripH + 2 + busyH) + 'Z';
+    }
+    attr(st.busy, 'd', d);
+    const lastS = ss[ss.length - 1];
+    const key = legend.map((l) => l.se.key + l.v).join('|') + '|' + (lastS ? lastS.busy + '/' + lastS.workers : '');
+    if (st.legend.dataset.key !== key) {
+      st.legend.dataset.key = key;
+      st.legend.replaceChildren();
+      for (const l of legend) {
+        const s = make('span', 'k ' + l.se.cls, st.legend);
+        make('i', '', s);
+        s.appendChild(document.createTextNode(l.se.label + ' '));
+        make('b', '', s).textContent = l.v;
+      }
+      if (lastS) {
+        const s = make('span', 'k s-busyw', st.legend);
+        make('i', '', s);
+        s.appendChild(document.createTextNode('busy workers '));
+        make('b', '', s).textContent = lastS.busy + '/' + lastS.workers;
+      }
+      make('span', 'k span', st.legend).textContent = 'last 5 min';
+    }
   }
 
   // ---- tiles ------------------------------------------------------------
@@ -385,6 +534,7 @@
   }
 
   function tick() {
+    for (const sec of sections.values()) if (!sec.el.hidden) drawStrip(sec);
     if (!lastChange) return;
     const ago = Math.max(0, Math.round((Date.now() - lastChange) / 1000));
     text($('updated'), 'last change ' + new Date(lastChange).toLocaleTimeString() + (ago >= 2 ? ' (' + ago + ' s ago)' : ''));

@@ -29,7 +29,10 @@ func mountBoard(mux *http.ServeMux, b *board.Board) {
 // lateCounter is a board.Counter set after the board starts: the demo's
 // monitor shows the counts of a router that starts after it. Unset, it
 // counts nothing (the page shows no rejections).
-type lateCounter struct{ c atomic.Pointer[board.Counter] }
+type lateCounter struct {
+	c atomic.Pointer[board.Counter]
+	q atomic.Pointer[board.QueueCounter]
+}
 
 func (l *lateCounter) set(c board.Counter) { l.c.Store(&c) }
 
@@ -38,4 +41,13 @@ func (l *lateCounter) count() (rejected, outcomes map[string]uint64, err error) 
 		return (*c)()
 	}
 	return nil, nil, nil
+}
+
+func (l *lateCounter) setQueues(q board.QueueCounter) { l.q.Store(&q) }
+
+func (l *lateCounter) queues() (map[string]uint64, error) {
+	if q := l.q.Load(); q != nil {
+		return (*q)()
+	}
+	return nil, nil
 }

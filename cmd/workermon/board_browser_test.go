@@ -255,7 +255,8 @@ func (s *heldSource) Snapshot(ctx context.Context) (board.Snapshot, error) {
 // back: the page shows its skeleton and what it waits for, not just
 // "connecting…"; once the snapshot arrives, the header names the router's
 // refusals apart (all busy, shed) and the model's card counts every
-// refusal as "turned away", so the two numbers no longer share a name.
+// refusal as "turned away", so the two numbers no longer share a name; it
+// shows the requests waiting in the router's queue (contract §17).
 func TestBoardWaitingAndCounts(t *testing.T) {
 	chrome := findChromium()
 	if chrome == "" {
@@ -263,10 +264,10 @@ func TestBoardWaitingAndCounts(t *testing.T) {
 			"install it with `apt-get install -y chromium` (.ci/run does)", chromiumNames)
 	}
 	t.Parallel()
-	turnedAway := uint64(7)
+	turnedAway, queued := uint64(7), uint64(3)
 	src := &heldSource{release: make(chan struct{}), snap: board.Snapshot{Kind: board.KindMonitor, Name: "mon-1",
 		Admissions: map[string]uint64{"admitted": 40, "rejected": 5, "shed": 2},
-		Models: []board.Model{{Name: "m1", AllBusy: true, Rejecting: true, Rejected: &turnedAway,
+		Models: []board.Model{{Name: "m1", AllBusy: true, Rejecting: true, Rejected: &turnedAway, Queued: &queued,
 			Counts:  board.Counts{Busy: 1},
 			Workers: []board.Worker{{ID: 1, State: board.StateBusy, Reason: "kv"}}}}}}
 	cfg := board.DefaultConfig()
@@ -302,6 +303,7 @@ func TestBoardWaitingAndCounts(t *testing.T) {
 		"#summary .a-all-busy":                  "5 refused: all busy",
 		"#summary .a-shed":                      "2 shed: low priority",
 		`section[data-model="m1"] .turned-away`: "turned away 7 (all reasons)",
+		`section[data-model="m1"] .queued`:      "queued 3",
 	} {
 		if got := b.text(sel); got != want {
 			t.Errorf("%s shows %q, want %q", sel, got, want)
@@ -311,5 +313,82 @@ func TestBoardWaitingAndCounts(t *testing.T) {
 		t.Errorf("the header and the card still say \"rejected\": %q", got)
 	}
 	b.screenshot("board-counts.png")
+	b.checkErrors()
+}
+
+// changingSource is a board.Source whose snapshot the test changes.
+type changingSource struct {
+	mu   sync.Mutex
+	snap board.Snapshot
+}
+
+func (s *changingSource) Snapshot(context.Context) (board.Snapshot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.snap, nil
+}
+
+func (s *changingSource) set(admitted, rejected, shed, queued uint64, busy int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	workers := []board.Worker{{ID: 1, State: board.StateFree}, {ID: 2, State: board.StateFree}}
+	for i := range busy {
+		workers[i].State = board.StateBusy
+	}
+	s.snap = board.Snapshot{Kind: board.KindRouter, Name: "r1",
+		Admissions: map[string]uint64{"admitted": admitted, "rejected": rejected - shed, "shed": shed},
+		Models: []board.Model{{Name: "m1", Rejected: &rejected, Queued: &queued, Counts: board.Counts{Busy: busy, Free: 2 - busy},
+			Workers: workers}}}
+}
+
+// TestBoardStrip: each model's card draws its last minutes from the
+// snapshots it streams: admitted, rejected and shed per second, the
+// requests queued and the busy workers, with a legend of the recent values
+// (rates over the last 5 s, falling to 0 once nothing changes).
+func TestBoardStrip(t *testing.T) {
+	chrome := findChromium()
+	if chrome == "" {
+		t.Skipf("Chromium not found (looked for %v on PATH and $WORKERMON_CHROMIUM)", chromiumNames)
+	}
+	t.Parallel()
+	src := &changingSource{}
+	src.set(0, 0, 0, 0, 0)
+	cfg := board.DefaultConfig()
+	cfg.Source, cfg.Interval = src, 50*time.Millisecond
+	bd, err := board.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bd.Close() })
+	srv := httptest.NewServer(bd)
+	t.Cleanup(srv.Close)
+
+	b := openBrowser(t, chrome, srv.URL+"/")
+	b.poll("the model's strip", `document.querySelector('section[data-model="m1"] .strip-chart') !== null`, 10*time.Second)
+	// A burst: the counters rise, requests queue, both workers turn busy.
+	for i := uint64(1); i <= 5; i++ {
+		src.set(20*i, 6*i, 2*i, 3*i, 2)
+		b.poll(fmt.Sprintf("step %d shown", i), fmt.Sprintf(
+			`document.querySelector('section[data-model="m1"] .strip-legend').textContent.includes('queued %d')`, 3*i), 10*time.Second)
+	}
+	legend := b.text(`section[data-model="m1"] .strip-legend`)
+	for _, want := range []string{"admitted", "rejected", "shed", "queued 15", "busy workers 2/2", "last 5 min"} {
+		if !strings.Contains(legend, want) {
+			t.Errorf("legend %q lacks %q", legend, want)
+		}
+	}
+	for _, line := range []string{"s-adm", "s-rej", "s-shed", "s-q"} {
+		b.poll(line+" drawn", fmt.Sprintf(`(l => l !== null && l.getAttribute('points').split(' ').length >= 4)(
+			document.querySelector('section[data-model="m1"] .strip-line.%s'))`, line), 10*time.Second)
+	}
+	b.poll("a positive rate of rejections", `
+		document.querySelector('section[data-model="m1"] .strip-line.s-rej').getAttribute('points').split(' ').some(p => Number(p.split(',')[1]) < 48)`,
+		10*time.Second)
+	b.poll("the busy band", `document.querySelector('section[data-model="m1"] .strip-busy').getAttribute('d').length > 0`, 10*time.Second)
+	b.screenshot("board-strip.png")
+	// The burst is over: no snapshot comes while nothing changes, and the
+	// rates fall back to 0 while the queue's level holds.
+	b.poll("the rates back to 0", `(l => l.includes('rejected 0.0/s') && l.includes('admitted 0.0/s') && l.includes('queued 15'))(
+		document.querySelector('section[data-model="m1"] .strip-legend').textContent)`, 20*time.Second)
 	b.checkErrors()
 }

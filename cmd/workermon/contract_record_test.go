@@ -95,7 +95,7 @@ func checkRecord(t testing.TB, r record, model string) {
 	want := map[string][]string{
 		"v": {"uint"}, "model": {"str"}, "busy": {"array"}, "free": {"array"}, "stale": {"array"},
 		"all_busy": {"bool"}, "reasons": {"map"}, "thresholds": {"map"}, "updated_at": {"uint", "int"},
-		"monitor_id": {"str"}, "epoch": {"uint"}, "seq": {"uint"},
+		"monitor_id": {"str"}, "epoch": {"uint"}, "seq": {"uint"}, "routers": {"uint"},
 	}
 	for k, fams := range want {
 		c, ok := codes[k]

@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
+	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +20,7 @@ import (
 	"github.com/workermon/workermon/board"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/loadgen"
+	"github.com/workermon/workermon/router"
 	"github.com/workermon/workermon/sim"
 )
 
@@ -54,6 +58,12 @@ const (
 	// DefaultDemoPriorityMix is the priorities of the demo's requests
 	// (contract §15): half sheddable, a tenth critical.
 	DefaultDemoPriorityMix = "-1=0.5,0=0.4,1=0.1"
+	// DefaultDemoQueueMaxWait is the demo router's --queue-max-wait
+	// (contract §17), and DefaultDemoQueueShare the share of the load that
+	// may wait in its queue: the rest sends X-Workermon-Max-Wait: 0 and meets
+	// the all-busy 503 at once, so each peak shows both.
+	DefaultDemoQueueMaxWait = 3 * time.Second
+	DefaultDemoQueueShare   = 0.5
 )
 
 // demoOptions is everything `workermon demo` can be told.
@@ -65,20 +75,26 @@ type demoOptions struct {
 	noLoad     bool
 	reschedule bool
 	mix        string // --priority-mix
-	duration   time.Duration
-	interval   time.Duration
-	log        logOptions
+	// queueMaxWait and queueShare are --queue-max-wait and --queue-share:
+	// runDemo turns the router's queue on with them (startDemo alone, as
+	// the tests use it, leaves it off).
+	queueMaxWait time.Duration
+	queueShare   float64
+	duration     time.Duration
+	interval     time.Duration
+	log          logOptions
 }
 
 func defaultDemoOptions() demoOptions {
 	o := demoOptions{
-		serve:    defaultServeOptions(),
-		router:   defaultRouterOptions(),
-		fleet:    sim.DefaultFleetConfig(),
-		load:     loadgen.DefaultConfig(),
-		interval: DefaultDemoInterval,
-		mix:      DefaultDemoPriorityMix,
-		log:      logOptions{level: "warn", format: "text"},
+		serve:      defaultServeOptions(),
+		router:     defaultRouterOptions(),
+		fleet:      sim.DefaultFleetConfig(),
+		load:       loadgen.DefaultConfig(),
+		interval:   DefaultDemoInterval,
+		mix:        DefaultDemoPriorityMix,
+		queueShare: DefaultDemoQueueShare,
+		log:        logOptions{level: "warn", format: "text"},
 	}
 	o.serve.embedded.DataDir = "" // a fresh temporary store, removed at exit
 	o.serve.writer.Warmup = time.Second
@@ -94,6 +110,7 @@ func defaultDemoOptions() demoOptions {
 	o.load.Profile = loadgen.ProfileTriangle
 	o.load.MinRPS, o.load.MaxRPS, o.load.Period = DefaultDemoMinRPS, DefaultDemoMaxRPS, DefaultDemoPeriod
 	o.load.Window = 5 * time.Second
+	o.queueMaxWait = DefaultDemoQueueMaxWait
 	return o
 }
 
@@ -117,6 +134,10 @@ func (o *demoOptions) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.noLoad, "no-load", false, "start no load generator (send your own requests to the router)")
 	fs.StringVar(&o.mix, "priority-mix", o.mix, `priorities of the load's requests, priority=share comma-separated ("": no header)`)
 	classFlags(fs, &o.serve.monitor)
+	fs.DurationVar(&o.queueMaxWait, "queue-max-wait", o.queueMaxWait,
+		"how long the router's queue holds a request that may wait (0: no queue)")
+	fs.Float64Var(&o.queueShare, "queue-share", o.queueShare,
+		"share of the load that may wait in the router's queue; the rest sends "+router.MaxWaitHeader+": 0")
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (0: run until Ctrl-C)")
 	fs.DurationVar(&o.interval, "interval", o.interval, "how often to print the summary")
 	o.log.flags(fs)
@@ -197,6 +218,7 @@ func startDemo(ctx context.Context, o demoOptions, log *slog.Logger) (_ *demo, e
 	}
 	// The monitor's board shows the router's rejections too.
 	d.monitor.boardCounts.set(board.GatheredCounts(d.routerReg))
+	d.monitor.boardCounts.setQueues(board.GatheredQueues(d.routerReg))
 	return d, nil
 }
 
@@ -244,6 +266,10 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		o.serve.resched.planner.BalanceGap = 0.02
 		o.router.router.MigrationLimit = max(o.router.router.MigrationLimit, 2)
 	}
+	if o.queueShare < 0 || o.queueShare > 1 {
+		return fmt.Errorf("%w: --queue-share %v must be in [0, 1]", errUsage, o.queueShare)
+	}
+	o.router.router.QueueMaxWait = o.queueMaxWait
 	d, err := startDemo(ctx, o, log)
 	if err != nil {
 		return err
@@ -262,6 +288,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	o.load.Target = "http://" + d.router.httpAddr
 	o.load.Models = []string{o.fleet.Model}
+	if o.router.router.QueueMaxWait > 0 && o.queueShare < 1 {
+		o.load.Transport = newNoWaitTransport(o.load.Concurrency, 1-o.queueShare)
+	}
 	var gen *loadgen.Generator
 	genDone := make(chan struct{})
 	if o.noLoad {
@@ -315,6 +344,10 @@ func (d *demo) banner(w io.Writer, o demoOptions) {
 	if !o.noLoad {
 		fmt.Fprintf(w, "load: %g → %g → %g requests/s every %v\n", o.load.MinRPS, o.load.MaxRPS, o.load.MinRPS, o.load.Period)
 	}
+	if q := o.router.router.QueueMaxWait; q > 0 {
+		fmt.Fprintf(w, "queue: up to %v for %.0f%% of the load (http://%s/queues); the rest sends %s: 0 and meets the 503\n",
+			q, 100*o.queueShare, r, router.MaxWaitHeader)
+	}
 	fmt.Fprintf(w, "try: go run ./cmd/workermon status --monitor-url http://%s\nCtrl-C to stop.\n\n", m)
 }
 
@@ -344,10 +377,38 @@ func (d *demo) summary(gen *loadgen.Generator) string {
 	if d.reschedule {
 		fmt.Fprintf(&b, " | migrated %g", metricSum(d.monitor.reg, "workermon_rescheduler_migrated_requests_total"))
 	}
+	fmt.Fprintf(&b, " | queued %g", metricSum(d.routerReg, "workermon_router_queue_depth"))
 	if d.allBusy() {
 		fmt.Fprintf(&b, "  ALL BUSY %.1fs → 503", d.streaks.current(now).Seconds())
 	}
 	return b.String()
+}
+
+// noWaitTransport sends a share of the requests with
+// X-Workermon-Max-Wait: 0: they never wait in the router's queue.
+type noWaitTransport struct {
+	base  http.RoundTripper
+	share float64
+	n     atomic.Uint64
+}
+
+// newNoWaitTransport returns a transport sized for concurrency requests in
+// flight that marks share of them not to wait, spread evenly.
+func newNoWaitTransport(concurrency int, share float64) *noWaitTransport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = concurrency, concurrency
+	return &noWaitTransport{base: t, share: share}
+}
+
+func (t *noWaitTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	n := t.n.Add(1)
+	// The n-th request does not wait when the count of those that do not
+	// goes up at n: share of the requests, evenly spread.
+	if math.Floor(float64(n)*t.share) > math.Floor(float64(n-1)*t.share) {
+		r = r.Clone(r.Context())
+		r.Header.Set(router.MaxWaitHeader, "0")
+	}
+	return t.base.RoundTrip(r)
 }
 
 // classesCell renders the recent answers by priority class, per second:

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -173,6 +174,23 @@ poll:
 		t.Errorf("the board showed the model all busy for at most %v on end, want %v or more", boardLongest, want)
 	}
 	t.Logf("all busy for up to %v in the summary lines, %v on the board", longest, boardLongest)
+
+	// The peak shows both faces of the router (contract §17): requests
+	// waiting in its queue while the rest meet the all-busy 503.
+	both := false
+	for line := range strings.Lines(out.String()) {
+		_, q, ok := strings.Cut(line, "| queued ")
+		if !ok || !strings.Contains(line, "ALL BUSY") {
+			continue
+		}
+		_, r, _ := strings.Cut(line, " 503 ")
+		if n, err := strconv.Atoi(strings.Fields(q)[0]); err == nil && n > 0 && !strings.HasPrefix(strings.TrimSpace(r), "0.0/s") {
+			both = true
+		}
+	}
+	if !both {
+		t.Errorf("no summary line shows requests queued and 503s answered at once:\n%s", out.String())
+	}
 }
 
 // boardAllBusy reads a board snapshot and reports whether its first model

@@ -134,10 +134,16 @@ func perSecond(n uint64, d time.Duration) float64 {
 
 // goodputLine renders the good requests, their rate and the latencies the
 // SLO tests.
+// With answers that waited in a router's queue (X-Workermon-Queued), their
+// number and waits too.
 func goodputLine(c loadgen.Counts) string {
-	return fmt.Sprintf("%.1f/s (%d good of %d sent) | TTFT p50 %s p99 %s | TPOT p50 %s p99 %s | e2e p99 %s",
+	line := fmt.Sprintf("%.1f/s (%d good of %d sent) | TTFT p50 %s p99 %s | TPOT p50 %s p99 %s | e2e p99 %s",
 		perSecond(c.Good, c.Duration), c.Good, c.Sent, round(c.TTFT.P50), round(c.TTFT.P99),
 		round(c.TPOT.P50), round(c.TPOT.P99), round(c.Latency.P99))
+	if c.Queued > 0 {
+		line += fmt.Sprintf(" | queued %d, wait p50 %s p99 %s", c.Queued, round(c.QueueWait.P50), round(c.QueueWait.P99))
+	}
+	return line
 }
 
 // checkPeriods checks the --interval and --duration of load and demo.

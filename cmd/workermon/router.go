@@ -83,6 +83,12 @@ func (o *routerOptions) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.failOpen, "fail-open", o.failOpen, "admit requests when the busy list is stale or not loaded yet")
 	fs.IntVar(&o.router.MigrationLimit, "migration-limit", o.router.MigrationLimit,
 		"how many times a cut streamed completion continues on another worker (0: off)")
+	fs.DurationVar(&o.router.QueueMaxWait, "queue-max-wait", o.router.QueueMaxWait,
+		"how long a request whose priority class has no free worker waits in its model's queue (0: off, rejected at once; header "+
+			router.MaxWaitHeader+" shortens it per request)")
+	fs.IntVar(&o.router.QueueMaxRequests, "queue-max-requests", o.router.QueueMaxRequests, "how many requests each model's queue holds")
+	fs.DurationVar(&o.router.QueuePace, "queue-pace", o.router.QueuePace,
+		"this router hands a freed worker at most one queued request per pace × the routers sharing the model")
 	fs.Int64Var(&o.router.MaxBodyBytes, "max-body-bytes", o.router.MaxBodyBytes, "largest request body accepted (413 beyond)")
 	fs.DurationVar(&o.router.UpstreamTimeout, "upstream-timeout", o.router.UpstreamTimeout,
 		"how long to wait for a worker's response headers (a non-streamed completion sends them at its end)")
@@ -279,7 +285,7 @@ func startRouter(o routerOptions, log *slog.Logger, reg *prometheus.Registry) (_
 		return nil, err
 	}
 	if svc.board, err = startBoard(&board.RouterSource{BusyList: svc.watcher, Registry: svc.registry, Tracker: tracker,
-		Counts: board.GatheredCounts(reg), ID: cfg.RouterID}, log, reg); err != nil {
+		Counts: board.GatheredCounts(reg), Queues: board.GatheredQueues(reg), ID: cfg.RouterID}, log, reg); err != nil {
 		return nil, err
 	}
 
@@ -294,7 +300,8 @@ func startRouter(o routerOptions, log *slog.Logger, reg *prometheus.Registry) (_
 	svc.httpAddr = svc.http.addr
 	log.Info("router started", "nats", svc.natsURL, "http", svc.httpAddr, "router_id", cfg.RouterID,
 		"reject_status", cfg.RejectStatus, "shed_status", cfg.ShedStatus, "stale_list_after", o.staleListAfter, "fail_open", o.failOpen,
-		"migration_limit", cfg.MigrationLimit, "publish", o.estimates.publish, "pick", o.pick)
+		"migration_limit", cfg.MigrationLimit, "queue_max_wait", cfg.QueueMaxWait, "queue_max_requests", cfg.QueueMaxRequests,
+		"queue_pace", cfg.QueuePace, "publish", o.estimates.publish, "pick", o.pick)
 	return svc, nil
 }
 

@@ -1,0 +1,528 @@
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/workermon/workermon/admission"
+	"github.com/workermon/workermon/busylist"
+	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/natstest"
+)
+
+// queueEnv is a router with flow control on (wait up to maxWait), one
+// registered worker, and a record listing it busy.
+func queueEnv(t *testing.T, maxWait time.Duration, maxRequests int, watch ...busylist.WatchOption) (*testEnv, *engine) {
+	t.Helper()
+	env := newTestEnv(t, envOptions{config: func(c *Config) {
+		c.QueueMaxWait = maxWait
+		if maxRequests > 0 {
+			c.QueueMaxRequests = maxRequests
+		}
+	}, watch: watch})
+	e := jsonEngine(t, "1")
+	env.putWorker(t, model, 1, e.srv.URL)
+	env.putRecord(t, model, nil, []uint64{1}, time.Now())
+	return env, e
+}
+
+// postWith sends a completion request with extra headers through the
+// router, with ctx.
+func (e *testEnv) postWith(ctx context.Context, t *testing.T, body string, header map[string]string) (*http.Response, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.front.URL+PathCompletions, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	return e.front.Client().Do(req)
+}
+
+// queued returns the depth of model's queue.
+func (e *testEnv) queued() int64 {
+	if e.rt.queue == nil {
+		return 0
+	}
+	mq := e.rt.queue.lookup(model)
+	if mq == nil {
+		return 0
+	}
+	return mq.depth.Load()
+}
+
+func (e *testEnv) waitQueued(t *testing.T, n int64) {
+	t.Helper()
+	natstest.WaitFor(t, 10*time.Second, fmt.Sprintf("%d queued", n), func() bool { return e.queued() == n })
+}
+
+type answer struct {
+	resp *http.Response
+	body []byte
+	err  error
+}
+
+// send sends a request in the background; its answer arrives on the
+// returned channel.
+func (e *testEnv) send(t *testing.T, ctx context.Context, body string, header map[string]string) <-chan answer {
+	ch := make(chan answer, 1)
+	go func() {
+		resp, err := e.postWith(ctx, t, body, header)
+		if err != nil {
+			ch <- answer{err: err}
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		ch <- answer{resp: resp, body: b, err: err}
+	}()
+	return ch
+}
+
+const queueBody = `{"model":"` + model + `","prompt":"hi"}`
+
+// TestQueueWaitsThenDispatches: a request whose class has no candidate
+// waits, shows in GET /queues and the depth gauge, and is sent once the
+// record frees a worker, its answer carrying X-Workermon-Queued.
+func TestQueueWaitsThenDispatches(t *testing.T) {
+	t.Parallel()
+	env, e := queueEnv(t, 30*time.Second, 0)
+	ch := env.send(t, t.Context(), queueBody, map[string]string{TenantHeader: "team-a"})
+	env.waitQueued(t, 1)
+	if got := env.metric(t, "workermon_router_queue_depth", map[string]string{"model": model, "class": "standard"}); got != 1 {
+		t.Errorf("queue depth gauge %v, want 1", got)
+	}
+	resp := env.get(t, PathQueues)
+	var qa queuesAnswer
+	if err := json.Unmarshal(readAll(t, resp), &qa); err != nil {
+		t.Fatal(err)
+	}
+	if !qa.Enabled || len(qa.Models) != 1 || qa.Models[0].Model != model || qa.Models[0].Depth != 1 ||
+		qa.Models[0].Classes["standard"].Tenants["team-a"] != 1 {
+		t.Errorf("GET /queues = %+v, want one standard request of team-a for %s", qa, model)
+	}
+	if e.hits.Load() != 0 {
+		t.Fatal("a queued request reached the engine")
+	}
+	env.putRecord(t, model, []uint64{1}, nil, time.Now())
+	a := <-ch
+	if a.err != nil || a.resp.StatusCode != http.StatusOK {
+		t.Fatalf("answer %v %s, want 200", a.err, a.body)
+	}
+	if q := a.resp.Header.Get(QueuedHeader); q == "" {
+		t.Error("no X-Workermon-Queued on the answer of a request that waited")
+	} else if _, err := strconv.ParseUint(q, 10, 64); err != nil {
+		t.Errorf("X-Workermon-Queued %q is not an integer", q)
+	}
+	if got := env.metric(t, "workermon_router_queue_wait_seconds", map[string]string{"class": "standard", "outcome": "dispatched"}); got != 1 {
+		t.Errorf("wait{dispatched} count %v, want 1", got)
+	}
+	if got := env.metric(t, "workermon_router_queue_depth", map[string]string{"model": model, "class": "standard"}); got != 0 {
+		t.Errorf("queue depth gauge %v after dispatch, want 0", got)
+	}
+	// A request that did not wait has no X-Workermon-Queued.
+	direct := env.post(t, PathCompletions, queueBody)
+	readAll(t, direct)
+	if direct.StatusCode != http.StatusOK || direct.Header.Get(QueuedHeader) != "" {
+		t.Errorf("direct request: %d, X-Workermon-Queued %q; want 200 and none", direct.StatusCode, direct.Header.Get(QueuedHeader))
+	}
+}
+
+// get sends a GET through the router.
+func (e *testEnv) get(t *testing.T, path string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, e.front.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := e.front.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// TestQueueExpiry: a request whose wait runs out gets the shed status with
+// the §17 message, Retry-After and X-Workermon-Queued; a streamed one gets it
+// as a plain JSON response. X-Workermon-Max-Wait shortens the wait.
+func TestQueueExpiry(t *testing.T) {
+	t.Parallel()
+	env, e := queueEnv(t, 30*time.Second, 0)
+	msg := regexp.MustCompile(`^Request waited (\d+) ms in the queue for model "` + regexp.QuoteMeta(model) +
+		`": all workers stayed busy, please retry later$`)
+	for _, body := range []string{queueBody, `{"model":"` + model + `","prompt":"hi","stream":true}`} {
+		start := time.Now()
+		resp, err := env.postWith(t.Context(), t, body, map[string]string{MaxWaitHeader: "150"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := readAll(t, resp)
+		if resp.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("status %d %s, want 429", resp.StatusCode, b)
+		}
+		if time.Since(start) < 150*time.Millisecond {
+			t.Errorf("answered after %v, before the wait of 150 ms ran out", time.Since(start))
+		}
+		eb := errorBodyOf(t, b)
+		m := msg.FindStringSubmatch(eb.Message)
+		if m == nil || eb.Type != "service_unavailable" || eb.Code != 429 {
+			t.Fatalf("body %s, want the expiry message", b)
+		}
+		if n, _ := strconv.Atoi(m[1]); n < 150 {
+			t.Errorf("message says %d ms, want at least 150", n)
+		}
+		if q := resp.Header.Get(QueuedHeader); q != m[1] {
+			t.Errorf("X-Workermon-Queued %q, the message says %s ms", q, m[1])
+		}
+		if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("Content-Type %q, want application/json", ct)
+		}
+		if resp.Header.Get("Retry-After") == "" || resp.Header.Get(QueuedHeader) == "" {
+			t.Errorf("headers %v: want Retry-After and X-Workermon-Queued", resp.Header)
+		}
+	}
+	if e.hits.Load() != 0 {
+		t.Error("an expired request reached the engine")
+	}
+	if got := env.metric(t, "workermon_router_queue_wait_seconds", map[string]string{"class": "standard", "outcome": "expired"}); got != 2 {
+		t.Errorf("wait{expired} count %v, want 2", got)
+	}
+}
+
+// TestQueueStreamWritesNothingUntilDispatch: a streamed request that waits
+// gets no byte, not even the headers, before it is sent.
+func TestQueueStreamWritesNothingUntilDispatch(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, envOptions{config: func(c *Config) { c.QueueMaxWait = 30 * time.Second }})
+	e := newEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, sseEvent(completionChunk("c", "hello", "stop", nil))+"data: [DONE]\n\n")
+	})
+	env.putWorker(t, model, 1, e.srv.URL)
+	env.putRecord(t, model, nil, []uint64{1}, time.Now())
+	headers := make(chan *http.Response, 1)
+	go func() {
+		resp, err := env.postWith(t.Context(), t, `{"model":"`+model+`","prompt":"hi","stream":true}`, nil)
+		if err != nil {
+			headers <- nil
+			return
+		}
+		headers <- resp
+	}()
+	env.waitQueued(t, 1)
+	select {
+	case resp := <-headers:
+		t.Fatalf("the client got an answer while queued: %v", resp)
+	case <-time.After(100 * time.Millisecond):
+	}
+	env.putRecord(t, model, []uint64{1}, nil, time.Now())
+	resp := <-headers
+	if resp == nil {
+		t.Fatal("request failed")
+	}
+	res := parseStream(t, readAll(t, resp))
+	if resp.StatusCode != http.StatusOK || res.text != "hello" || resp.Header.Get(QueuedHeader) == "" {
+		t.Fatalf("stream %d %q, X-Workermon-Queued %q", resp.StatusCode, res.raw, resp.Header.Get(QueuedHeader))
+	}
+}
+
+// TestQueueNotWaiting: with X-Workermon-Max-Wait: 0, or flow control off,
+// a request meets the all-busy 503 at once.
+func TestQueueNotWaiting(t *testing.T) {
+	t.Parallel()
+	env, _ := queueEnv(t, 30*time.Second, 0)
+	resp, err := env.postWith(t.Context(), t, queueBody, map[string]string{MaxWaitHeader: "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable || string(b) != string(admission.RejectBody(503)) ||
+		resp.Header.Get(QueuedHeader) != "" {
+		t.Errorf("max wait 0: %d %s queued=%q, want the all-busy 503 without X-Workermon-Queued", resp.StatusCode, b, resp.Header.Get(QueuedHeader))
+	}
+	off, _ := queueEnv(t, 0, 0)
+	resp, err = off.postWith(t.Context(), t, queueBody, map[string]string{MaxWaitHeader: "5000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("flow control off: %d %s, want 503", resp.StatusCode, b)
+	}
+}
+
+// TestQueueHeaders400: a malformed X-Workermon-Max-Wait or
+// X-Workermon-Tenant is 400, also with flow control off.
+func TestQueueHeaders400(t *testing.T) {
+	t.Parallel()
+	for _, maxWait := range []time.Duration{0, 30 * time.Second} {
+		env, e := queueEnv(t, maxWait, 0)
+		env.putRecord(t, model, []uint64{1}, nil, time.Now())
+		for _, h := range []map[string]string{
+			{MaxWaitHeader: "abc"}, {MaxWaitHeader: "-5"}, {MaxWaitHeader: "1.5"}, {MaxWaitHeader: "+3"}, {MaxWaitHeader: ""},
+			{TenantHeader: strings.Repeat("t", 65)}, {TenantHeader: "a b"}, {TenantHeader: "é"}, {TenantHeader: "a\tb"},
+		} {
+			resp, err := env.postWith(t.Context(), t, queueBody, h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := readAll(t, resp)
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Errorf("max wait %v, headers %q: %d %s, want 400", maxWait, h, resp.StatusCode, b)
+				continue
+			}
+			if eb := errorBodyOf(t, b); eb.Type != "invalid_request_error" {
+				t.Errorf("type %q", eb.Type)
+			}
+		}
+		for _, h := range []map[string]string{{MaxWaitHeader: "0"}, {MaxWaitHeader: "99999999999999999999999"},
+			{TenantHeader: strings.Repeat("t", 64)}, {TenantHeader: "org-1/team~x"}} {
+			resp, err := env.postWith(t.Context(), t, queueBody, h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b := readAll(t, resp); resp.StatusCode != http.StatusOK {
+				t.Errorf("max wait %v, headers %q: %d %s, want 200", maxWait, h, resp.StatusCode, b)
+			}
+		}
+		if e.hits.Load() != 4 {
+			t.Errorf("engine hits %d, want 4", e.hits.Load())
+		}
+	}
+	// Given twice.
+	env, _ := queueEnv(t, 0, 0)
+	for _, name := range []string{MaxWaitHeader, TenantHeader} {
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, env.front.URL+PathCompletions, strings.NewReader(queueBody))
+		req.Header.Add(name, "1")
+		req.Header.Add(name, "2")
+		resp, err := env.front.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := readAll(t, resp); resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("%s twice: %d %s, want 400", name, resp.StatusCode, b)
+		}
+	}
+}
+
+// TestQueueFullHTTP: a full queue turns away a newcomer of equal priority
+// with the §17 message at once, and a newcomer of higher priority evicts the
+// newest request of the lowest priority, which gets that 429.
+func TestQueueFullHTTP(t *testing.T) {
+	t.Parallel()
+	env, _ := queueEnv(t, 30*time.Second, 1)
+	// Worker 1 busy and hard: no class has a candidate.
+	env.putSet(t, events.BusySet{Model: model, Busy: []uint64{1}, Hard: []uint64{1}, AllBusy: true, UpdatedAt: time.Now().UnixNano()})
+	const fullMsg = `The queue for model "` + model + `" is full, please retry later`
+	first := env.send(t, t.Context(), queueBody, nil)
+	env.waitQueued(t, 1)
+	resp, err := env.postWith(t.Context(), t, queueBody, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := readAll(t, resp)
+	if eb := errorBodyOf(t, b); resp.StatusCode != 429 || eb.Message != fullMsg || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("newcomer of equal priority: %d %s, want 429 %q", resp.StatusCode, b, fullMsg)
+	}
+	high := env.send(t, t.Context(), queueBody, map[string]string{admission.PriorityHeader: "1"})
+	a := <-first
+	if a.err != nil || a.resp.StatusCode != 429 || errorBodyOf(t, a.body).Message != fullMsg || a.resp.Header.Get(QueuedHeader) == "" {
+		t.Fatalf("evicted request: %v %s, want 429 %q with X-Workermon-Queued", a.err, a.body, fullMsg)
+	}
+	env.waitQueued(t, 1)
+	env.putRecord(t, model, []uint64{1}, nil, time.Now())
+	if a := <-high; a.err != nil || a.resp.StatusCode != 200 {
+		t.Fatalf("the request of higher priority: %v %s, want 200", a.err, a.body)
+	}
+	if got := env.metric(t, "workermon_router_queue_wait_seconds", map[string]string{"class": "standard", "outcome": "evicted"}); got != 2 {
+		t.Errorf("wait{standard,evicted} count %v, want 2 (the refused and the evicted)", got)
+	}
+}
+
+// TestQueueFailOpen: a record that turns stale releases every queued
+// request at once: admitted when failing open, the all-busy 503 when not.
+func TestQueueFailOpen(t *testing.T) {
+	t.Parallel()
+	for _, open := range []bool{true, false} {
+		t.Run(fmt.Sprint("open=", open), func(t *testing.T) {
+			t.Parallel()
+			env, e := queueEnv(t, 30*time.Second, 0, busylist.WithFailOpen(open))
+			var chs []<-chan answer
+			for range 5 {
+				chs = append(chs, env.send(t, t.Context(), queueBody, nil))
+			}
+			env.waitQueued(t, 5)
+			env.putRecord(t, model, nil, []uint64{1}, time.Now().Add(-time.Hour)) // stale on arrival
+			for _, ch := range chs {
+				a := <-ch
+				if a.err != nil {
+					t.Fatal(a.err)
+				}
+				want := http.StatusOK
+				if !open {
+					want = http.StatusServiceUnavailable
+				}
+				if a.resp.StatusCode != want || a.resp.Header.Get(QueuedHeader) == "" {
+					t.Errorf("released request: %d %s, X-Workermon-Queued %q; want %d with the header", a.resp.StatusCode, a.body,
+						a.resp.Header.Get(QueuedHeader), want)
+				}
+				if !open && string(a.body) != string(admission.RejectBody(503)) {
+					t.Errorf("fail closed: body %s, want the all-busy body", a.body)
+				}
+			}
+			if open && e.hits.Load() != 5 {
+				t.Errorf("engine hits %d, want 5", e.hits.Load())
+			}
+		})
+	}
+}
+
+// TestQueueRecordDeleted: a record that goes away releases the queue (the
+// model is unknown: admitted).
+func TestQueueRecordDeleted(t *testing.T) {
+	t.Parallel()
+	env, _ := queueEnv(t, 30*time.Second, 0)
+	ch := env.send(t, t.Context(), queueBody, nil)
+	env.waitQueued(t, 1)
+	if err := env.busy.Delete(t.Context(), events.ModelKey(model)); err != nil {
+		t.Fatal(err)
+	}
+	if a := <-ch; a.err != nil || a.resp.StatusCode != http.StatusOK {
+		t.Fatalf("released request: %v %s, want 200", a.err, a.body)
+	}
+}
+
+// TestQueueDisconnects: thousands of queued requests whose clients go away
+// leave the queue at once, and the goroutines and memory they held come
+// back: a second round of them leaves the heap where the first left it.
+func TestQueueDisconnects(t *testing.T) {
+	env, e := queueEnv(t, time.Hour, 5000)
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	defer client.CloseIdleConnections()
+	baseline := runtime.NumGoroutine()
+	const n = 2000
+	var afterRound [2]uint64
+	for round := range 2 {
+		ctx, cancel := context.WithCancel(t.Context())
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, env.front.URL+PathCompletions, strings.NewReader(queueBody))
+				if resp, err := client.Do(req); err == nil {
+					_ = resp.Body.Close()
+					t.Errorf("a queued request was answered %d", resp.StatusCode)
+				}
+			})
+		}
+		natstest.WaitFor(t, 60*time.Second, "all queued", func() bool { return env.queued() == n })
+		runtime.GC()
+		var peak runtime.MemStats
+		runtime.ReadMemStats(&peak)
+		cancel()
+		natstest.WaitFor(t, 10*time.Second, "queue empty", func() bool { return env.queued() == 0 })
+		wg.Wait()
+		client.CloseIdleConnections()
+		natstest.WaitFor(t, 10*time.Second, "goroutines back", func() bool { return runtime.NumGoroutine() <= baseline+5 })
+		runtime.GC()
+		runtime.GC() // the second empties the pools
+		var after runtime.MemStats
+		runtime.ReadMemStats(&after)
+		afterRound[round] = after.HeapInuse
+		t.Logf("round %d: heap in use %d with %d queued, %d after", round, peak.HeapInuse, n, after.HeapInuse)
+		if round == 1 {
+			if grew := int64(afterRound[1]) - int64(afterRound[0]); grew > int64(peak.HeapInuse-afterRound[1])/10 {
+				t.Errorf("heap in use grew by %d bytes in a second round of %d queued requests (%d held while queued)",
+					grew, n, peak.HeapInuse-afterRound[1])
+			}
+		}
+	}
+	if got := env.metric(t, "workermon_router_queue_wait_seconds", map[string]string{"class": "standard", "outcome": "gone"}); got != 2*n {
+		t.Errorf("wait{gone} count %v, want %d", got, 2*n)
+	}
+	if e.hits.Load() != 0 {
+		t.Error("a cancelled request reached the engine")
+	}
+	mq := env.rt.queue.lookup(model)
+	mq.mu.Lock()
+	defer mq.mu.Unlock()
+	if len(mq.levels) != 0 {
+		t.Errorf("%d priority levels left in an empty queue", len(mq.levels))
+	}
+}
+
+// TestQueuePacingAcrossRouters: routers that share one record hand its
+// free worker queued requests at most once per pace × the record's routers
+// each, so three routers together hand it about one per pace (contract
+// §17); with routers 1 each would hand it one per pace.
+func TestQueuePacingAcrossRouters(t *testing.T) {
+	t.Parallel()
+	const pace = 20 * time.Millisecond
+	env, e := queueEnv(t, time.Minute, 0)
+	busy := events.BusySet{Model: model, Busy: []uint64{1}, Hard: []uint64{1}, AllBusy: true, Routers: 3}
+	busy.UpdatedAt = time.Now().UnixNano()
+	env.putSet(t, busy)
+	var routers []*Router
+	var fronts []string
+	for range 3 {
+		cfg := DefaultConfig()
+		cfg.BusyList, cfg.Registry = env.watcher, env.registry
+		cfg.QueueMaxWait, cfg.QueuePace = time.Minute, pace
+		rt, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(rt)
+		t.Cleanup(srv.Close)
+		routers, fronts = append(routers, rt), append(fronts, srv.URL)
+	}
+	depth := func() (n int64) {
+		for _, rt := range routers {
+			if mq := rt.queue.lookup(model); mq != nil {
+				n += mq.depth.Load()
+			}
+		}
+		return n
+	}
+	const perRouter = 40
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	for _, front := range fronts {
+		for range perRouter {
+			wg.Go(func() {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, front+PathCompletions, strings.NewReader(queueBody))
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					_ = resp.Body.Close()
+				}
+			})
+		}
+	}
+	natstest.WaitFor(t, 20*time.Second, "all queued", func() bool { return depth() == 3*perRouter })
+
+	start := time.Now()
+	free := events.BusySet{Model: model, Free: []uint64{1}, Routers: 3, UpdatedAt: time.Now().UnixNano()}
+	env.putSet(t, free)
+	natstest.WaitFor(t, 20*time.Second, "9 dispatches", func() bool { return e.hits.Load() >= 9 })
+	busy.UpdatedAt = time.Now().UnixNano()
+	env.putSet(t, busy)
+	took := time.Since(start)
+	sent := int64(3*perRouter) - depth()
+	// Each router: at most one per 3 paces, plus the first.
+	if limit := 3 * (int64(took/(3*pace)) + 1); sent > limit {
+		t.Errorf("%d queued requests sent in %v by 3 routers, want at most %d (each one per %v)", sent, took, limit, 3*pace)
+	}
+	t.Logf("%d queued requests sent in %v", sent, took)
+	cancel()
+}
