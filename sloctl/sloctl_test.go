@@ -152,6 +152,13 @@ func TestEnforce(t *testing.T) {
 	if n := testutil.ToFloat64(e.mustMoves(t, "down")); n != 1 {
 		t.Errorf("moves down = %v, want 1", n)
 	}
+	// The families of §18 gathered, and clean by promtool's rules.
+	if n, err := testutil.GatherAndCount(e.reg, "workermon_slo_threshold", "workermon_slo_attainment", "workermon_slo_moves_total"); err != nil || n != 4 {
+		t.Errorf("gathered %d series of the slo families, want 4 (decode, prefill, itl, down): %v", n, err)
+	}
+	if problems, err := testutil.GatherAndLint(e.reg); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
 	// Deleted: the model goes back to its override and the defaults.
 	if err := e.c.SetSLO(ctx, model, overrides.SLO{}, true); err != nil {
 		t.Fatal(err)
