@@ -42,6 +42,9 @@ type exchange struct {
 	// prompt is what the request adds to a worker's slots; empty without
 	// a tracker.
 	prompt promptLoad
+	// lat times the stream for the latency windows (contract §18); nil
+	// when not timed.
+	lat *latStream
 }
 
 // serveInference proxies a POST /v1/completions or /v1/chat/completions.
@@ -110,6 +113,7 @@ func (ex *exchange) serve() {
 	// Counted once the outcome is known: an admission has a candidate.
 	rt.admission.Observe(model, d)
 	if !d.Admit {
+		rt.latency.reject(model)
 		ex.code = rt.reject.RejectStatus(d)
 		rt.reject.RejectDecision(ex.w, d)
 		return
@@ -122,12 +126,14 @@ func (ex *exchange) serve() {
 	if ex.route == routeCompletions && rt.cfg.MigrationLimit > 0 {
 		mig = newMigration(body)
 	}
+	dispatched := time.Now()
 	up, err := ex.dispatch(body, cands, mig != nil, mig != nil)
 	if err != nil {
 		ex.dispatchFailed(err)
 		return
 	}
 	if up.isEventStream() {
+		ex.lat = rt.latency.begin(model, up.worker.WorkerID, class, dispatched)
 		ex.stream(up, mig)
 		return
 	}

@@ -255,6 +255,7 @@ type Router struct {
 	metrics   *metrics
 	loads     loads
 	slots     *slotTracker // nil without Config.Slots
+	latency   latencyBook  // latency windows (contract §18), published by RunLatency
 	mux       *http.ServeMux
 
 	retryAfter             string // RetryAfter in whole seconds

@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/monitor"
 	"github.com/workermon/workermon/overrides"
+	"github.com/workermon/workermon/router"
 	"github.com/workermon/workermon/slo"
 	"github.com/workermon/workermon/sloctl"
 	"github.com/workermon/workermon/watch"
@@ -308,4 +310,16 @@ func fmtOff(p *float64) string {
 		return "-"
 	}
 	return strconv.FormatFloat(*p, 'g', -1, 64)
+}
+
+// startRouterLatency publishes the router's latency windows (contract §18)
+// on <prefix>.latr.… every second, and returns what stops it.
+func startRouterLatency(rt *router.Router, nc *nats.Conn, prefix string, log *slog.Logger) func() {
+	stop, done := goLoop(func(ctx context.Context) error {
+		return rt.RunLatency(ctx, prefix, router.DefaultLatencyWindow, nc.Publish)
+	}, log, "latency windows")
+	return func() {
+		stop()
+		<-done
+	}
 }
