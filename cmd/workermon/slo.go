@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -322,4 +323,23 @@ func startRouterLatency(rt *router.Router, nc *nats.Conn, prefix string, log *sl
 		stop()
 		<-done
 	}
+}
+
+// statusSLOs returns the SLOs `workermon status` shows: every model's, or
+// model's only; none from a monitor without the /slo endpoint.
+func statusSLOs(ctx context.Context, c *api.Client, model string) ([]api.SLOReply, error) {
+	all, err := c.SLOs(ctx)
+	if se, ok := errors.AsType[*api.StatusError](err); ok && se.StatusCode == http.StatusNotFound {
+		return []api.SLOReply{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := []api.SLOReply{}
+	for _, s := range all {
+		if model == "" || s.Model == model {
+			out = append(out, s)
+		}
+	}
+	return out, nil
 }

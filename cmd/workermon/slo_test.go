@@ -129,6 +129,10 @@ func TestSLOCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(out, `"itl_ms": 40`) {
 		t.Fatalf("slo get: %d %s", code, out)
 	}
+	code, out, _ = runSLOCmd(t, append([]string{"status"}, base...)...)
+	if code != 0 || !strings.Contains(out, "m/x") || !strings.Contains(out, "shadow") {
+		t.Fatalf("status does not show the SLO: %d %s", code, out)
+	}
 	if code, _, _ = runSLOCmd(t, append([]string{"slo", "set", "--model", "m/x"}, base...)...); code != 2 {
 		t.Errorf("slo set without a target: exit %d, want 2", code)
 	}
