@@ -42,6 +42,9 @@ type MonitorSource struct {
 	// Counts, when set, adds a router's rejection counts (workermon demo
 	// runs both in one process); a monitor alone has none.
 	Counts Counter
+	// SLOs, when set, describes each model's SLO in one line (contract
+	// §18), by model.
+	SLOs func(ctx context.Context) map[string]string
 }
 
 // Snapshot implements Source.
@@ -61,10 +64,14 @@ func (s *MonitorSource) Snapshot(ctx context.Context) (Snapshot, error) {
 			return snap, fmt.Errorf("board: read the router's counts: %w", err)
 		}
 	}
+	var slos map[string]string
+	if s.SLOs != nil {
+		slos = s.SLOs(ctx)
+	}
 	// Both lists are sorted by model (then worker and rank): one merge.
 	i := 0
 	for _, rec := range records {
-		m := Model{Name: rec.Model, AllBusy: rec.AllBusy, Rejecting: rec.AllBusy, Thresholds: rec.Thresholds}
+		m := Model{Name: rec.Model, AllBusy: rec.AllBusy, Rejecting: rec.AllBusy, Thresholds: rec.Thresholds, SLO: slos[rec.Model]}
 		m.Workers, m.Counts = recordWorkers(&rec)
 		if rejected != nil {
 			n := rejected[rec.Model]

@@ -245,7 +245,7 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 	}
 
 	if svc.board, err = startBoard(&board.MonitorSource{Monitor: svc.mon, ID: o.writer.MonitorID,
-		Counts: svc.boardCounts.count}, log, reg); err != nil {
+		Counts: svc.boardCounts.count, SLOs: slos.boardLines}, log, reg); err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()

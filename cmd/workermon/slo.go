@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -117,7 +118,16 @@ type sloParts struct {
 	store      *overrides.SLOStore
 	watcher    *overrides.SLOWatcher
 	controller *sloctl.Controller
+
+	// The board's lines, read from the bucket at most once per
+	// boardRefresh.
+	boardMu   sync.Mutex
+	boardAt   time.Time
+	boardLast map[string]string
 }
+
+// boardRefresh is how long the board's SLO lines are reused.
+const boardRefresh = 2 * time.Second
 
 // startSLO builds the SLO bucket's store and watcher and the controller
 // (contract §18); the caller runs the watcher and the controller.
@@ -342,4 +352,52 @@ func statusSLOs(ctx context.Context, c *api.Client, model string) ([]api.SLORepl
 		}
 	}
 	return out, nil
+}
+
+// boardLines describes each model's SLO for the board in one line: the
+// targets, the mode, the state and the attainment of the last interval.
+func (p *sloParts) boardLines(ctx context.Context) map[string]string {
+	p.boardMu.Lock()
+	defer p.boardMu.Unlock()
+	now := time.Now()
+	if now.Sub(p.boardAt) < boardRefresh {
+		return p.boardLast
+	}
+	p.boardAt = now
+	slos, statuses, err := p.store.List(ctx)
+	if err != nil || len(slos) == 0 {
+		p.boardLast = nil
+		return nil
+	}
+	out := make(map[string]string, len(slos))
+	for model, v := range slos {
+		var b strings.Builder
+		b.WriteString("SLO")
+		if v.TTFTms != nil {
+			fmt.Fprintf(&b, " ttft ≤ %g ms", *v.TTFTms)
+		}
+		if v.ITLms != nil {
+			fmt.Fprintf(&b, " itl ≤ %g ms", *v.ITLms)
+		}
+		fmt.Fprintf(&b, " p%g %s", v.Percentile*100, v.Mode)
+		st, ok := statuses[model]
+		if !ok {
+			b.WriteString(": no_data")
+			out[model] = b.String()
+			continue
+		}
+		fmt.Fprintf(&b, ": %s", st.State)
+		if a := st.Measured.TTFTAttainment; a != nil {
+			fmt.Fprintf(&b, ", ttft %.0f%%", *a*100)
+		}
+		if a := st.Measured.ITLAttainment; a != nil {
+			fmt.Fprintf(&b, ", itl %.0f%%", *a*100)
+		}
+		if !v.Enforced() {
+			fmt.Fprintf(&b, ", suggests decode %g prefill %d", st.Suggested.Decode, st.Suggested.Prefill)
+		}
+		out[model] = b.String()
+	}
+	p.boardLast = out
+	return out
 }
