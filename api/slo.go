@@ -180,15 +180,21 @@ func (h *handler) deleteSLO(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("model %q has no SLO to delete", model))
 		return
 	}
-	if err := h.cfg.SLOs.Delete(ctx, model); err != nil {
-		sloStoreError(err).write(w)
-		return
-	}
+	// The controller lets go first, so that no round of it writes the
+	// status again between the two deletes; it takes the SLO back if the
+	// delete fails.
 	if h.cfg.OnSLOChange != nil {
 		if err := h.cfg.OnSLOChange(ctx, model, overrides.SLO{}, true); err != nil {
-			monitorError(fmt.Errorf("the SLO is deleted but the monitor still applies its thresholds: %w", err)).write(w)
+			monitorError(fmt.Errorf("the SLO is not deleted: the monitor did not answer: %w", err)).write(w)
 			return
 		}
+	}
+	if err := h.cfg.SLOs.Delete(ctx, model); err != nil {
+		if h.cfg.OnSLOChange != nil && ok {
+			_ = h.cfg.OnSLOChange(ctx, model, v, false)
+		}
+		sloStoreError(err).write(w)
+		return
 	}
 	h.log.Info("api: slo deleted", "model", model, "remote", r.RemoteAddr)
 	v.Model = model
@@ -263,6 +269,29 @@ func (h *handler) sloControl(ctx context.Context, model string) (bool, *slo.Thre
 		return true, nil, nil
 	}
 	return true, st.Applied, nil
+}
+
+// sloControlAll is sloControl for every model: the enforced ones, with
+// the thresholds each applies (nil before the controller's first round).
+func (h *handler) sloControlAll(ctx context.Context) (map[string]*slo.Thresholds, *httpError) {
+	out := map[string]*slo.Thresholds{}
+	if h.cfg.SLOs == nil {
+		return out, nil
+	}
+	slos, statuses, err := h.cfg.SLOs.List(ctx)
+	if err != nil {
+		return nil, sloStoreError(err)
+	}
+	for model, v := range slos {
+		if v.Enforced() {
+			var applied *slo.Thresholds
+			if st, ok := statuses[model]; ok {
+				applied = st.Applied
+			}
+			out[model] = applied
+		}
+	}
+	return out, nil
 }
 
 // controlledThresholds is a model's reply under an enforced SLO: decode and

@@ -44,13 +44,13 @@ func (h *handler) listThresholds(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	reply := ThresholdsReply{Thresholds: make([]ModelThresholds, 0, len(names))}
+	controlledAll, herr := h.sloControlAll(ctx)
+	if herr != nil {
+		herr.write(w)
+		return
+	}
 	for _, name := range slices.Sorted(maps.Keys(names)) {
-		controlled, applied, herr := h.sloControl(ctx, name)
-		if herr != nil {
-			herr.write(w)
-			return
-		}
-		if controlled {
+		if applied, controlled := controlledAll[name]; controlled {
 			reply.Thresholds = append(reply.Thresholds, h.controlledThresholds(ctx, name, applied))
 			continue
 		}
