@@ -241,6 +241,9 @@ type Status struct {
 	// before a first judgment.
 	Attainment float64 `json:"attainment"`
 	Ratio      float64 `json:"ratio"`
+	// Smoothed: Attainment and Ratio were judged at the thresholds in
+	// force, so the next judgment is smoothed with them; a move clears it.
+	Smoothed bool `json:"smoothed"`
 }
 
 // Start is the first status of a model: its effective thresholds clamped
@@ -274,7 +277,9 @@ func Next(c Config, t Target, prev Status, w *Window) (Status, Move) {
 
 	att := math.Inf(1) // the worst judged attainment
 	ratio := 0.0       // the worst judged percentile latency ÷ target
-	judged := false
+	judged := false    // a signal has enough samples
+	short := false     // a targeted signal has too few samples
+	samples := false   // a targeted signal has any sample
 	for _, sig := range []struct {
 		target float64
 		h      *Hist
@@ -290,11 +295,14 @@ func Next(c Config, t Target, prev Status, w *Window) (Status, Move) {
 		n := sig.h.Total()
 		*sig.n = n
 		if n == 0 {
+			short = true
 			continue
 		}
+		samples = true
 		a := sig.h.Attainment(sig.target)
 		*sig.attP = &a
 		if n < minN {
+			short = true
 			continue
 		}
 		judged = true
@@ -302,21 +310,24 @@ func Next(c Config, t Target, prev Status, w *Window) (Status, Move) {
 		ratio = max(ratio, sig.h.Quantile(t.Percentile)/sig.target)
 	}
 
-	if !judged {
-		if !pressure {
-			return s.hold(c, StateNoData), 0
-		}
-		// Rejections or queueing and no (or too few) samples: the fleet
-		// sheds without evidence of latency trouble.
+	switch {
+	case !samples && pressure:
+		// Rejections or queueing and no sample at all: the fleet sheds
+		// without evidence of latency trouble.
 		return s.move(c, +1, true)
+	case !judged, short && att >= t.Percentile:
+		// Too few samples to judge every signal, and none of those judged
+		// misses: hold (the caller pools the windows, see Pool).
+		return s.hold(c, StateNoData), 0
 	}
 
-	// Smoothing: while the thresholds held still the windows pool.
-	if prev.Holds > 0 && prev.Ratio > 0 {
+	// Smoothing: while the thresholds hold still, each judgment is
+	// smoothed with the previous one made at the same thresholds.
+	if prev.Smoothed {
 		att = c.Smoothing*att + (1-c.Smoothing)*prev.Attainment
 		ratio = c.Smoothing*ratio + (1-c.Smoothing)*prev.Ratio
 	}
-	s.Attainment, s.Ratio = att, ratio
+	s.Attainment, s.Ratio, s.Smoothed = att, ratio, true
 	headroom := ratio <= 1-c.Headroom
 
 	if prev.State == StateInfeasible {
@@ -364,6 +375,48 @@ func Next(c Config, t Target, prev Status, w *Window) (Status, Move) {
 	}
 }
 
+// Add adds o's samples and counts to w.
+func (w *Window) Add(o *Window) {
+	w.TTFT.Add(&o.TTFT)
+	w.ITL.Add(&o.ITL)
+	w.Rejected += o.Rejected
+	w.Queued += o.Queued
+}
+
+// DefaultPoolMax is how many intervals of too few samples Pool adds up
+// before it starts again.
+const DefaultPoolMax = 10
+
+// Pool adds up the windows of consecutive intervals that had too few
+// samples to judge (state no_data), so that a model with little traffic is
+// judged over several intervals instead of never; its zero value is ready.
+type Pool struct {
+	carry Window
+	n     int
+}
+
+// Window returns w added to the windows pooled so far.
+func (p *Pool) Window(w *Window) *Window {
+	if p.n == 0 {
+		return w
+	}
+	out := p.carry
+	out.Add(w)
+	return &out
+}
+
+// After keeps the window just judged (as Window returned it) when the
+// status says it had too few samples, at most DefaultPoolMax intervals in
+// a row, and forgets it otherwise.
+func (p *Pool) After(st Status, judged *Window) {
+	if st.State == StateNoData && p.n < DefaultPoolMax {
+		p.carry = *judged
+		p.n++
+		return
+	}
+	p.carry, p.n = Window{}, 0
+}
+
 // hold keeps the thresholds and counts the interval.
 func (s Status) hold(c Config, st State) Status {
 	s.State = st
@@ -384,6 +437,7 @@ func (s Status) move(c Config, d int, speedUp bool) (Status, Move) {
 		s.Step = max(s.Step/2, c.DecodeStepMin)
 	}
 	old := s.Suggested
+	s.Smoothed = false
 	step := s.Step
 	if d > 0 {
 		step /= 2 // fall fast, rise slowly

@@ -179,6 +179,11 @@ func TestNextRules(t *testing.T) {
 		{"attainment met, rejections, no headroom: steady", slo.Target{ITLms: 11, Percentile: 0.9}, mid, window(100, 0.95, 5), slo.StateSteady, 0, mid.Suggested},
 		{"attainment met, nothing rejected: steady", target, mid, window(100, 1, 0), slo.StateSteady, 0, mid.Suggested},
 		{"worst signal decides", slo.Target{TTFTms: 1000, ITLms: 50, Percentile: 0.9}, mid, window(100, 0.5, 0), slo.StateLowering, -1, slo.Thresholds{Decode: 0.56, Prefill: 80645}},
+		{"too few samples with rejections: hold (pooled)", target, mid, window(30, 1, 4), slo.StateNoData, 0, mid.Suggested},
+		{"one signal short while the other meets: hold", slo.Target{TTFTms: 1000, ITLms: 50, Percentile: 0.9}, mid,
+			&slo.Window{TTFT: window(100, 1, 0).TTFT, ITL: window(10, 1, 0).ITL, Rejected: 3}, slo.StateNoData, 0, mid.Suggested},
+		{"one signal short while the other misses: down", slo.Target{TTFTms: 100, ITLms: 50, Percentile: 0.9}, mid,
+			&slo.Window{TTFT: window(100, 1, 0).TTFT, ITL: window(10, 1, 0).ITL}, slo.StateLowering, -1, slo.Thresholds{Decode: 0.56, Prefill: 80645}},
 		{"signal without target ignored", slo.Target{ITLms: 50, Percentile: 0.9}, mid, window(100, 1, 0), slo.StateSteady, 0, mid.Suggested},
 		{"min samples follow the percentile", slo.Target{ITLms: 50, Percentile: 0.99}, mid, window(499, 0, 0), slo.StateNoData, 0, mid.Suggested},
 		{"top of the ranges: nothing to gain", target,
@@ -268,4 +273,26 @@ func equal(a, b []slo.State) bool {
 		}
 	}
 	return true
+}
+
+// TestPool: windows of intervals with too few samples add up until a
+// judgment, then start again.
+func TestPool(t *testing.T) {
+	t.Parallel()
+	c := slo.DefaultConfig()
+	target := slo.Target{ITLms: 50, Percentile: 0.9}
+	st := slo.Status{Suggested: slo.Thresholds{Decode: 0.6, Prefill: 4096}, Step: c.DecodeStep, Holds: 1}
+	var p slo.Pool
+	for i := range 4 {
+		w := p.Window(window(20, 0, 0)) // every sample misses; 20 < 50
+		st, _ = slo.Next(c, target, st, w)
+		p.After(st, w)
+		want := slo.StateNoData
+		if i == 2 { // 60 samples pooled: judged
+			want = slo.StateLowering
+		}
+		if st.State != want || (i == 2) != (st.Measured.ITLSamples == 60) {
+			t.Fatalf("interval %d: %s with %d samples, want %s", i, st.State, st.Measured.ITLSamples, want)
+		}
+	}
 }

@@ -107,6 +107,9 @@ type held struct {
 	status overrides.SLOStatus
 	rev    uint64
 	epoch  uint64
+	// pool adds up the windows of intervals with too few samples (kept in
+	// memory only: a new holder starts pooling again).
+	pool slo.Pool
 }
 
 // Controller runs the SLO controllers of the models this monitor holds.
@@ -225,7 +228,9 @@ func (c *Controller) step(ctx context.Context, model string, v overrides.SLO, w 
 	if w == nil {
 		w = &slo.Window{}
 	}
+	w = h.pool.Window(w)
 	next, move := slo.Next(c.cfg.Controller, v.Target(), h.status.Controller, w)
+	h.pool.After(next, w)
 	st := overrides.SLOStatus{
 		Model: model, State: next.State, Suggested: next.Suggested, Measured: next.Measured,
 		UpdatedAt: c.cfg.Now().UnixNano(), MonitorID: c.cfg.MonitorID, Epoch: epoch, Controller: next,
