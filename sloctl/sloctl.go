@@ -167,16 +167,21 @@ func (c *Controller) SetSLO(ctx context.Context, model string, v overrides.SLO, 
 	return nil
 }
 
-// Run runs a round every Interval until ctx ends.
+// Run runs a round every Interval until ctx ends, and between rounds
+// takes up the models of newly held partitions (Adopt) every tenth of it.
 func (c *Controller) Run(ctx context.Context) error {
 	t := time.NewTicker(c.cfg.Interval)
 	defer t.Stop()
+	adopt := time.NewTicker(max(c.cfg.Interval/10, 50*time.Millisecond))
+	defer adopt.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
 			c.Round(ctx)
+		case <-adopt.C:
+			c.Adopt(ctx)
 		}
 	}
 }
@@ -208,22 +213,10 @@ func (c *Controller) step(ctx context.Context, model string, v overrides.SLO, w 
 		return c.release(ctx, model)
 	}
 	if h == nil || h.epoch != epoch {
-		st, rev, err := c.cfg.Store.Status(ctx, model)
-		if err != nil && !errors.Is(err, overrides.ErrBadSLO) {
+		var err error
+		if h, err = c.adopt(ctx, model, v, epoch); h == nil || err != nil {
 			return err
 		}
-		if rev != 0 && st.Epoch > epoch {
-			return c.release(ctx, model) // a newer holder writes it
-		}
-		if rev == 0 || err != nil || st.Controller.Step == 0 {
-			base, err := c.cfg.Monitor.BaseThresholds(ctx, model)
-			if err != nil {
-				return err
-			}
-			st = overrides.SLOStatus{Model: model, Controller: slo.Start(c.cfg.Controller, base.ActiveDecodeBlocks, base.ActivePrefillTokens)}
-		}
-		h = &held{status: st, rev: rev, epoch: epoch}
-		c.held[model] = h
 	}
 	if w == nil {
 		w = &slo.Window{}
@@ -256,6 +249,56 @@ func (c *Controller) step(ctx context.Context, model string, v overrides.SLO, w 
 	c.applied[model] = th != nil
 	c.metrics.observe(model, st, move)
 	return nil
+}
+
+// adopt starts controlling a model whose partition this monitor holds
+// under epoch: from its status in the bucket (a takeover continues from
+// there), else from the monitor's thresholds clamped into the ranges. Under
+// enforce the status's thresholds apply at once, before the first move. It
+// returns nil when a newer holder writes the status.
+func (c *Controller) adopt(ctx context.Context, model string, v overrides.SLO, epoch uint64) (*held, error) {
+	st, rev, err := c.cfg.Store.Status(ctx, model)
+	if err != nil && !errors.Is(err, overrides.ErrBadSLO) {
+		return nil, err
+	}
+	if rev != 0 && st.Epoch > epoch {
+		return nil, c.release(ctx, model) // a newer holder writes it
+	}
+	if rev == 0 || err != nil || st.Controller.Step == 0 {
+		base, err := c.cfg.Monitor.BaseThresholds(ctx, model)
+		if err != nil {
+			return nil, err
+		}
+		st = overrides.SLOStatus{Model: model, Controller: slo.Start(c.cfg.Controller, base.ActiveDecodeBlocks, base.ActivePrefillTokens)}
+	}
+	h := &held{status: st, rev: rev, epoch: epoch}
+	c.held[model] = h
+	if v.Enforced() && rev != 0 {
+		applied := st.Controller.Suggested
+		if err := c.cfg.Monitor.SetControlled(ctx, model, &applied); err != nil {
+			return h, err
+		}
+		c.applied[model] = true
+	}
+	return h, nil
+}
+
+// Adopt takes up, without moving them, the models whose partition this
+// monitor has come to hold since the last round, so that their thresholds
+// apply as soon as the partition is held rather than at the next round;
+// Run calls it between rounds.
+func (c *Controller) Adopt(ctx context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for model, v := range c.slos {
+		epoch := c.cfg.Epoch(events.Partition(model, c.cfg.Partitions))
+		if h := c.held[model]; epoch == 0 || h != nil && h.epoch == epoch {
+			continue
+		}
+		if _, err := c.adopt(ctx, model, v, epoch); err != nil {
+			c.log.Warn("slo: model not taken up", "model", model, "err", err)
+		}
+	}
 }
 
 // release forgets a model this monitor no longer controls and gives its

@@ -250,3 +250,32 @@ func TestTakeoverContinuesFromStatus(t *testing.T) {
 		t.Fatal("still controlled after the lease was lost")
 	}
 }
+
+// TestAdoptAppliesAtOnce: a monitor that comes to hold a model's partition
+// applies the thresholds of its status at once (Adopt, between rounds),
+// without moving them or writing the status.
+func TestAdoptAppliesAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := t.Context()
+	prev := slo.Status{State: slo.StateSteady, Suggested: slo.Thresholds{Decode: 0.55, Prefill: 8192}, Step: 0.02}
+	e.store.st[model] = overrides.SLOStatus{Model: model, Epoch: 1, MonitorID: "mon-old", Controller: prev,
+		Applied: &prev.Suggested, Suggested: prev.Suggested}
+	e.store.rev[model], e.store.seq = 3, 3
+	e.epoch = 0
+	if err := e.c.SetSLO(ctx, model, itl50(slo.ModeEnforce), false); err != nil {
+		t.Fatal(err)
+	}
+	e.c.Adopt(ctx)
+	if len(e.mon.controlled) != 0 {
+		t.Fatal("adopted a model of a partition not held")
+	}
+	e.epoch = 2
+	e.c.Adopt(ctx)
+	if got := e.mon.controlled[model]; got == nil || *got != prev.Suggested {
+		t.Fatalf("adopted %+v, want %+v", got, prev.Suggested)
+	}
+	if e.store.rev[model] != 3 {
+		t.Error("Adopt wrote the status")
+	}
+}
