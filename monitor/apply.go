@@ -50,14 +50,16 @@ type state struct {
 	// controlled are the thresholds the SLO controller set (contract §18),
 	// in force instead of the defaults and the override.
 	controlled map[string]events.Thresholds
-	// lat are the latency windows since the last DrainLatency.
-	lat      map[string]*latModel
-	cordons  map[string]map[uint64]struct{} // by model, then worker id
-	seen     map[string]struct{}            // models seen in a report since start, bounded
-	timers   timers
-	dirty    []*model // models with dirty set, each once
-	deferred []*model // scratch of flushRecords
-	sc       scratch
+	// lat are the latency windows since the last DrainLatency, latEntries
+	// their number of (model, worker, source).
+	lat        map[string]*latModel
+	latEntries int
+	cordons    map[string]map[uint64]struct{} // by model, then worker id
+	seen       map[string]struct{}            // models seen in a report since start, bounded
+	timers     timers
+	dirty      []*model // models with dirty set, each once
+	deferred   []*model // scratch of flushRecords
+	sc         scratch
 
 	lastRejectLog time.Time
 	rejectsSince  int

@@ -34,6 +34,11 @@ type latSource struct {
 // maxLatencySources bounds the router sources remembered per model.
 const maxLatencySources = 256
 
+// maxLatencyEntries bounds the (model, worker, source) windows held
+// between two drains (about 2.4 KiB each), whatever the other limits
+// allow.
+const maxLatencyEntries = 1 << 14
+
 // applyLatency adds a latency window to the pending ones.
 func (s *state) applyLatency(r *events.LatencyReport, now time.Time) string {
 	if s.fromFuture(r.SentAt, now) {
@@ -57,11 +62,12 @@ func (s *state) applyLatency(r *events.LatencyReport, now time.Time) string {
 	}
 	src := srcs[r.Source]
 	if src == nil {
-		if len(srcs) >= s.cfg.MaxSourcesPerWorker {
+		if len(srcs) >= s.cfg.MaxSourcesPerWorker || s.latEntries >= maxLatencyEntries {
 			return rejectSources
 		}
 		src = &latSource{}
 		srcs[r.Source] = src
+		s.latEntries++
 	}
 	for _, b := range r.TTFT {
 		src.ttft.AddBucket(int(b.K), b.N)
@@ -121,6 +127,7 @@ func (m *Monitor) DrainLatency(ctx context.Context) (map[string]*slo.Window, err
 			out[model] = &w
 		}
 		clear(s.lat)
+		s.latEntries = 0
 	})
 	return out, err
 }
