@@ -50,6 +50,8 @@ type latModel struct {
 // concurrent use: a stream looks its entry up once, then locks only that
 // entry per event.
 type latencyBook struct {
+	// on is set while RunLatency runs: without it nothing is recorded.
+	on      atomic.Bool
 	mu      sync.RWMutex
 	entries map[latKey]*latEntry
 	models  map[string]*latModel
@@ -111,7 +113,7 @@ func (b *latencyBook) model(model string) *latModel {
 // begin starts timing a stream dispatched at start; nil for a sheddable
 // request (only priority ≥ 0 counts).
 func (b *latencyBook) begin(model string, worker uint64, class admission.Class, start time.Time) *latStream {
-	if class == admission.ClassSheddable {
+	if class == admission.ClassSheddable || !b.on.Load() {
 		return nil
 	}
 	e := b.entry(model, worker)
@@ -146,6 +148,9 @@ func (s *latStream) text(now time.Time) {
 
 // reject counts a rejected request of model.
 func (b *latencyBook) reject(model string) {
+	if !b.on.Load() {
+		return
+	}
 	if m := b.model(model); m != nil {
 		m.rejected.Add(1)
 	}
@@ -153,6 +158,9 @@ func (b *latencyBook) reject(model string) {
 
 // queue counts a request of model that waited in the queue (contract §17).
 func (b *latencyBook) queue(model string) {
+	if !b.on.Load() {
+		return
+	}
 	if m := b.model(model); m != nil {
 		m.queued.Add(1)
 	}
@@ -271,6 +279,8 @@ func (rt *Router) RunLatency(ctx context.Context, prefix string, window time.Dur
 		}
 		return ids
 	}
+	rt.latency.on.Store(true)
+	defer rt.latency.on.Store(false)
 	t := time.NewTicker(window)
 	defer t.Stop()
 	for {

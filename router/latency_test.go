@@ -20,6 +20,10 @@ func TestLatencyBook(t *testing.T) {
 	t.Parallel()
 	var b latencyBook
 	t0 := time.Unix(1000, 0)
+	if b.begin("m", 3, admission.ClassStandard, t0) != nil {
+		t.Fatal("timed while off (RunLatency not running)")
+	}
+	b.on.Store(true)
 	s := b.begin("m", 3, admission.ClassStandard, t0)
 	s.text(t0.Add(100 * time.Millisecond))
 	s.text(t0.Add(120 * time.Millisecond))
@@ -81,6 +85,23 @@ func TestRouterPublishesLatency(t *testing.T) {
 	})
 	env.putWorker(t, model, 4, e.srv.URL)
 	env.putRecord(t, model, []uint64{4}, nil, time.Now())
+
+	var mu sync.Mutex
+	var got []events.LatencyReport
+	go func() {
+		_ = env.rt.RunLatency(t.Context(), "wm", 20*time.Millisecond, func(subject string, data []byte) error {
+			r, err := events.DecodeLatencyReport(data)
+			if err != nil || subject != events.LatrSubject("wm", r.Model, r.WorkerID) {
+				t.Errorf("published %s: %+v %v", subject, r, err)
+			}
+			mu.Lock()
+			got = append(got, r)
+			mu.Unlock()
+			return nil
+		})
+	}()
+	natstest.WaitFor(t, 5*time.Second, "latency windows on", env.rt.latency.on.Load)
+
 	for _, req := range []struct{ path, body string }{
 		{PathCompletions, `{"model":"` + model + `","prompt":"x","stream":true}`},
 		{PathChatCompletions, `{"model":"` + model + `","messages":[{"role":"user","content":"x"}],"stream":true}`},
@@ -96,40 +117,27 @@ func TestRouterPublishesLatency(t *testing.T) {
 		t.Fatalf("all busy: %d", resp.StatusCode)
 	}
 
-	var mu sync.Mutex
-	var got []events.LatencyReport
-	ctx := t.Context()
-	go func() {
-		_ = env.rt.RunLatency(ctx, "wm", 20*time.Millisecond, func(subject string, data []byte) error {
-			r, err := events.DecodeLatencyReport(data)
-			if err != nil || subject != events.LatrSubject("wm", r.Model, r.WorkerID) {
-				t.Errorf("published %s: %+v %v", subject, r, err)
-			}
-			mu.Lock()
-			got = append(got, r)
-			mu.Unlock()
-			return nil
-		})
-	}()
-	natstest.WaitFor(t, 5*time.Second, "a latency window published", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(got) > 0
-	})
-	mu.Lock()
-	defer mu.Unlock()
-	r := got[0]
 	count := func(bs []events.LatencyBucket) (n uint64) {
 		for _, b := range bs {
 			n += b.N
 		}
 		return n
 	}
-	if r.Model != model || r.WorkerID != 4 || r.Source != "router/r1" || r.Rejected != 1 {
-		t.Fatalf("report %+v", r)
-	}
+	var ttft, itl, rejected uint64
+	natstest.WaitFor(t, 5*time.Second, "the windows published", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		ttft, itl, rejected = 0, 0, 0
+		for _, r := range got {
+			if r.Model != model || r.WorkerID != 4 || r.Source != "router/r1" {
+				t.Errorf("report %+v", r)
+			}
+			ttft, itl, rejected = ttft+count(r.TTFT), itl+count(r.ITL), rejected+r.Rejected
+		}
+		return ttft >= 2 && itl >= 3 && rejected >= 1
+	})
 	// Two streams: two TTFT samples; 1 + 2 gaps between text events.
-	if count(r.TTFT) != 2 || count(r.ITL) != 3 {
-		t.Errorf("ttft %d itl %d samples, want 2 and 3", count(r.TTFT), count(r.ITL))
+	if ttft != 2 || itl != 3 || rejected != 1 {
+		t.Errorf("ttft %d itl %d samples, %d rejected; want 2, 3 and 1", ttft, itl, rejected)
 	}
 }
