@@ -27,14 +27,6 @@ const SLOBucket = "workermon-slo"
 // statusSuffix ends the key of a controller's status.
 const statusSuffix = ".status"
 
-// SLO errors.
-var (
-	// ErrBadSLO marks a stored SLO or status that does not decode or check.
-	ErrBadSLO = errors.New("overrides: invalid slo")
-	// ErrStatusConflict: the status key changed since it was read.
-	ErrStatusConflict = errors.New("overrides: slo status changed concurrently")
-)
-
 // SLO is a model's latency target (the JSON value of key <model_key>).
 type SLO struct {
 	Model      string   `json:"model"`
@@ -326,9 +318,6 @@ func (c SLOWatcherConfig) Validate() error {
 	}
 	return errors.Join(errs...)
 }
-
-// ErrSLOWatcherRunning is returned by SLOWatcher.Run when already run.
-var ErrSLOWatcherRunning = errors.New("overrides: slo watcher already started")
 
 // SLOWatcher follows the SLO bucket and hands every change of an SLO to
 // OnChange, as ThresholdWatcher does for overrides.
