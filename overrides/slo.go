@@ -22,7 +22,7 @@ import (
 // compare-and-set, so that a new holder continues from it.
 
 // SLOBucket is the name of the SLO bucket.
-const SLOBucket = "workermon-slo"
+const SLOBucket = events.SLOBucket
 
 // statusSuffix ends the key of a controller's status.
 const statusSuffix = ".status"
