@@ -22,6 +22,7 @@ import (
 
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/promreg"
+	"github.com/workermon/workermon/internal/retry"
 	"github.com/workermon/workermon/overrides"
 	"github.com/workermon/workermon/slo"
 )
@@ -117,6 +118,8 @@ type Controller struct {
 	cfg     Config
 	log     *slog.Logger
 	metrics *metrics
+	// errs logs the failures of rounds at a limited rate (under mu).
+	errs *retry.ErrLog
 
 	// mu orders a round against the changes of the SLOs.
 	mu   sync.Mutex
@@ -144,6 +147,7 @@ func New(cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	c.metrics = m
+	c.errs = retry.NewErrLog(c.log, slog.LevelWarn, "slo: controller round")
 	return c, nil
 }
 
@@ -190,17 +194,27 @@ func (c *Controller) Run(ctx context.Context) error {
 // thresholds once.
 func (c *Controller) Round(ctx context.Context) {
 	windows, err := c.cfg.Monitor.DrainLatency(ctx)
-	if err != nil {
-		c.log.Warn("slo: latency windows not read", "err", err)
-		return
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err != nil {
+		c.errs.Fail(fmt.Errorf("read the latency windows: %w", err))
+		return
+	}
+	var first error
+	failed := 0
 	for model, v := range c.slos {
 		if err := c.step(ctx, model, v, windows[model]); err != nil {
-			c.log.Warn("slo: controller round failed", "model", model, "err", err)
+			failed++
+			if first == nil {
+				first = fmt.Errorf("model %q: %w", model, err)
+			}
 		}
 	}
+	if failed > 0 {
+		c.errs.Fail(first, "models_failed", failed)
+		return
+	}
+	c.errs.OK()
 }
 
 // step moves one model's thresholds.
@@ -296,7 +310,7 @@ func (c *Controller) Adopt(ctx context.Context) {
 			continue
 		}
 		if _, err := c.adopt(ctx, model, v, epoch); err != nil {
-			c.log.Warn("slo: model not taken up", "model", model, "err", err)
+			c.errs.Fail(fmt.Errorf("take up model %q: %w", model, err))
 		}
 	}
 }
