@@ -7,6 +7,12 @@
 //	POST   /busy_threshold              set (merge) a model's override, or get one model
 //	DELETE /busy_threshold?model=NAME   drop a model's override (back to the defaults)
 //
+// SLOs (contract §18):
+//
+//	GET    /slo[?model=NAME]   every SLO with its controller's state, or one
+//	POST   /slo                set (replace) a model's SLO
+//	DELETE /slo?model=NAME     drop a model's SLO
+//
 // Inspection, read from the monitor's own state:
 //
 //	GET /loads?model=NAME     one row per worker and rank
@@ -31,6 +37,7 @@ import (
 
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/monitor"
+	"github.com/workermon/workermon/overrides"
 )
 
 // Defaults of Config.
@@ -46,7 +53,7 @@ const (
 // Paths are the paths the handler serves; a caller mounting it on a mux of
 // its own registers each of them (methods included: the handler answers a
 // wrong method with 405 itself).
-var Paths = []string{"/busy_threshold", "/loads", "/workers", "/busy", "/cordon", "/uncordon", "/cordons", "/rescheduler"}
+var Paths = []string{"/busy_threshold", "/loads", "/workers", "/busy", "/cordon", "/uncordon", "/cordons", "/rescheduler", "/slo"}
 
 // Sentinel errors.
 var (
@@ -112,6 +119,11 @@ type Config struct {
 	// applies them at once. Nil Cordons: the cordon endpoints answer 404.
 	Cordons       Cordons
 	CordonMonitor CordonMonitor
+	// SLOs is the SLO bucket (contract §18) and OnSLOChange tells the SLO
+	// controller of a change at once, without waiting for the bucket's
+	// watcher. Nil SLOs: /slo answers 404 and no model is controlled.
+	SLOs        SLOStore
+	OnSLOChange func(ctx context.Context, model string, v overrides.SLO, deleted bool) error
 	// Rescheduler returns what GET /rescheduler shows: the recent rounds.
 	// Nil: the endpoint says the rescheduler is off.
 	Rescheduler func() any
@@ -198,6 +210,12 @@ func New(cfg Config) (http.Handler, error) {
 		h.mux.HandleFunc("/uncordon", methodNotAllowed("POST"))
 		h.mux.HandleFunc("GET /cordons", h.listCordons)
 		h.mux.HandleFunc("/cordons", methodNotAllowed("GET, HEAD"))
+	}
+	if cfg.SLOs != nil {
+		h.mux.HandleFunc("GET /slo", h.getSLO)
+		h.mux.HandleFunc("POST /slo", h.postSLO)
+		h.mux.HandleFunc("DELETE /slo", h.deleteSLO)
+		h.mux.HandleFunc("/slo", methodNotAllowed("GET, HEAD, POST, DELETE"))
 	}
 	rescheduler := cfg.Rescheduler
 	if rescheduler == nil {

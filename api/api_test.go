@@ -240,7 +240,7 @@ func TestSet(t *testing.T) {
 		return decodeAs[ModelThresholds](t, rec)
 	}
 	got := post(`{"model":"Qwen/Qwen3-0.6B","active_prefill_tokens_threshold":1000.0}`)
-	want := ModelThresholds{testModel, events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8), ActivePrefillTokens: events.Ptr[uint64](1000)}}
+	want := ModelThresholds{Model: testModel, Thresholds: events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8), ActivePrefillTokens: events.Ptr[uint64](1000)}}
 	if got.Model != want.Model || !got.Equal(want.Thresholds) {
 		t.Fatalf("reply %+v, want %+v", got, want)
 	}

@@ -16,6 +16,9 @@ import (
 type ModelThresholds struct {
 	Model string `json:"model"`
 	events.Thresholds
+	// ControlledBy is "slo" while an enforced SLO sets the model's
+	// thresholds (contract §18); absent otherwise.
+	ControlledBy string `json:"controlled_by,omitempty"`
 }
 
 // ThresholdsReply is the reply of GET /busy_threshold, sorted by model.

@@ -44,7 +44,16 @@ func (h *handler) listThresholds(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	reply := ThresholdsReply{Thresholds: make([]ModelThresholds, 0, len(names))}
+	controlledAll, herr := h.sloControlAll(ctx)
+	if herr != nil {
+		herr.write(w)
+		return
+	}
 	for _, name := range slices.Sorted(maps.Keys(names)) {
+		if applied, controlled := controlledAll[name]; controlled {
+			reply.Thresholds = append(reply.Thresholds, h.controlledThresholds(ctx, name, applied))
+			continue
+		}
 		reply.Thresholds = append(reply.Thresholds, h.effective(name, overrides[name]))
 	}
 	writeJSON(w, http.StatusOK, reply)
@@ -85,6 +94,19 @@ func (h *handler) postThresholds(w http.ResponseWriter, r *http.Request) {
 	if set {
 		action = "set its thresholds"
 	}
+	controlled, applied, herr := h.sloControl(ctx, req.model)
+	if herr != nil {
+		herr.write(w)
+		return
+	}
+	if controlled && set {
+		sloConflict(req.model).write(w)
+		return
+	}
+	if controlled {
+		writeJSON(w, http.StatusOK, h.controlledThresholds(ctx, req.model, applied))
+		return
+	}
 	override, _, herr := h.lookup(ctx, req.model, action)
 	if herr != nil {
 		herr.write(w)
@@ -124,6 +146,13 @@ func (h *handler) deleteThresholds(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := h.context(r)
 	defer cancel()
+	if controlled, _, herr := h.sloControl(ctx, model); herr != nil || controlled {
+		if herr == nil {
+			herr = sloConflict(model)
+		}
+		herr.write(w)
+		return
+	}
 	_, stored, herr := h.lookup(ctx, model, "delete its override")
 	if herr != nil {
 		herr.write(w)

@@ -77,7 +77,10 @@ type Model struct {
 	// source does not know it (the monitor shows its current content).
 	UpdatedAt  int64             `json:"updated_at,omitempty"`
 	Thresholds events.Thresholds `json:"thresholds"`
-	Counts     Counts            `json:"counts"`
+	// SLO describes the model's SLO and its controller's state (contract
+	// §18) in one line; empty without an SLO.
+	SLO    string `json:"slo,omitempty"`
+	Counts Counts `json:"counts"`
 	// Rejected counts the requests for this model the router rejected
 	// since it started; nil when the source has no router counts.
 	Rejected *uint64 `json:"rejected,omitempty"`

@@ -48,6 +48,9 @@ type MonitorSource struct {
 	Counts Counter
 	// Queues, when set, adds the depth of a router's queues.
 	Queues QueueCounter
+	// SLOs, when set, describes each model's SLO in one line (contract
+	// §18), by model.
+	SLOs func(ctx context.Context) map[string]string
 }
 
 // Snapshot implements Source.
@@ -71,10 +74,14 @@ func (s *MonitorSource) Snapshot(ctx context.Context) (Snapshot, error) {
 	if err != nil {
 		return snap, err
 	}
+	var slos map[string]string
+	if s.SLOs != nil {
+		slos = s.SLOs(ctx)
+	}
 	// Both lists are sorted by model (then worker and rank): one merge.
 	i := 0
 	for _, rec := range records {
-		m := Model{Name: rec.Model, AllBusy: rec.AllBusy, Rejecting: rec.AllBusy, Thresholds: rec.Thresholds}
+		m := Model{Name: rec.Model, AllBusy: rec.AllBusy, Rejecting: rec.AllBusy, Thresholds: rec.Thresholds, SLO: slos[rec.Model]}
 		m.Workers, m.Counts = recordWorkers(&rec)
 		if rejected != nil {
 			n := rejected[rec.Model]

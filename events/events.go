@@ -50,6 +50,8 @@ const (
 	WorkersBucket    = "workermon-workers"
 	LeasesBucket     = "workermon-leases"
 	CordonsBucket    = "workermon-cordons"
+	// SLOBucket holds the SLOs and their controllers' status (§18).
+	SLOBucket = "workermon-slo"
 )
 
 // Sentinel errors. Every validation error wraps one of them, so callers can

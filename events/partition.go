@@ -36,13 +36,15 @@ type Mapping struct{ From, To string }
 
 // PartitionMappings returns the subject mappings every NATS server of a
 // deployment with n partitions carries (contract §10): load, bye and est
-// subjects move under <prefix>.part.<p>, p computed from the model_key
-// token. Publishers keep publishing on the plain subjects.
+// subjects (and the latency windows of §18, lat and latr) move under
+// <prefix>.part.<p>, p computed from the model_key token. Publishers keep publishing on the plain subjects.
 func PartitionMappings(prefix string, n int) []Mapping {
 	part := prefix + ".part.{{partition(" + strconv.Itoa(n) + ",1)}}."
 	return []Mapping{
 		{prefix + ".load.*.*.*", part + "load.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}"},
 		{prefix + ".bye.*.*", part + "bye.{{wildcard(1)}}.{{wildcard(2)}}"},
 		{prefix + ".est.*.*.*", part + "est.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}"},
+		{prefix + ".lat.*.*", part + "lat.{{wildcard(1)}}.{{wildcard(2)}}"},
+		{prefix + ".latr.*.*", part + "latr.{{wildcard(1)}}.{{wildcard(2)}}"},
 	}
 }

@@ -25,6 +25,12 @@ const (
 	// subject, so the partition mapping and the permissions on est.> cover
 	// it; "bye" is never a rank.
 	KindEstBye
+	// KindLat: <prefix>.lat.<model_key>.<worker_id>, an engine's latency
+	// window (contract §18).
+	KindLat
+	// KindLatr: <prefix>.latr.<model_key>.<worker_id>, a router's latency
+	// window.
+	KindLatr
 )
 
 // String names the kind as its subject token does ("est.bye" for
@@ -39,6 +45,10 @@ func (k Kind) String() string {
 		return "est"
 	case KindEstBye:
 		return "est.bye"
+	case KindLat:
+		return "lat"
+	case KindLatr:
+		return "latr"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -59,7 +69,7 @@ type Subject struct {
 	Partition int
 	ModelKey  string
 	WorkerID  string // decimal worker id token
-	DPRank    string // decimal rank token; empty for KindBye and KindEstBye
+	DPRank    string // decimal rank token; empty for KindBye, KindEstBye, KindLat and KindLatr
 }
 
 // LoadSubject is the subject a rank's report is published on:
@@ -135,6 +145,10 @@ func ParseSubject(prefix, subject string) (Subject, error) {
 		s.Kind, want = KindBye, 2
 	case "est":
 		s.Kind, want = KindEst, 3
+	case "lat":
+		s.Kind, want = KindLat, 2
+	case "latr":
+		s.Kind, want = KindLatr, 2
 	default:
 		return Subject{}, fmt.Errorf("events: subject %q: unknown kind %q: %w", subject, kind, ErrInvalidSubject)
 	}
@@ -142,14 +156,14 @@ func ParseSubject(prefix, subject string) (Subject, error) {
 		return Subject{}, fmt.Errorf("events: subject %q: want %d tokens after %q: %w", subject, want, kind, ErrInvalidSubject)
 	}
 	s.ModelKey, rest, _ = strings.Cut(rest, ".")
-	if s.Kind == KindBye {
+	if want == 2 {
 		s.WorkerID = rest
 	} else {
 		s.WorkerID, s.DPRank, _ = strings.Cut(rest, ".")
 	}
 	if s.Kind == KindEst && s.DPRank == "bye" {
 		s.Kind, s.DPRank = KindEstBye, ""
-	} else if s.Kind != KindBye && s.DPRank == "" {
+	} else if want == 3 && s.DPRank == "" {
 		return Subject{}, fmt.Errorf("events: subject %q has an empty token: %w", subject, ErrInvalidSubject)
 	}
 	if s.ModelKey == "" || s.WorkerID == "" {

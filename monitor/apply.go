@@ -47,12 +47,19 @@ type state struct {
 	log       *slog.Logger
 	models    map[string]*model
 	overrides map[string]events.Thresholds
-	cordons   map[string]map[uint64]struct{} // by model, then worker id
-	seen      map[string]struct{}            // models seen in a report since start, bounded
-	timers    timers
-	dirty     []*model // models with dirty set, each once
-	deferred  []*model // scratch of flushRecords
-	sc        scratch
+	// controlled are the thresholds the SLO controller set (contract §18),
+	// in force instead of the defaults and the override.
+	controlled map[string]events.Thresholds
+	// lat are the latency windows since the last DrainLatency, latEntries
+	// their number of (model, worker, source).
+	lat        map[string]*latModel
+	latEntries int
+	cordons    map[string]map[uint64]struct{} // by model, then worker id
+	seen       map[string]struct{}            // models seen in a report since start, bounded
+	timers     timers
+	dirty      []*model // models with dirty set, each once
+	deferred   []*model // scratch of flushRecords
+	sc         scratch
 
 	lastRejectLog time.Time
 	rejectsSince  int
@@ -64,14 +71,16 @@ type state struct {
 
 func newState(cfg Config, sink Sink, m *metrics, log *slog.Logger) *state {
 	return &state{
-		cfg:       cfg,
-		sink:      sink,
-		metrics:   m,
-		log:       log,
-		models:    make(map[string]*model),
-		overrides: make(map[string]events.Thresholds),
-		cordons:   make(map[string]map[uint64]struct{}),
-		seen:      make(map[string]struct{}),
+		cfg:        cfg,
+		sink:       sink,
+		metrics:    m,
+		log:        log,
+		models:     make(map[string]*model),
+		overrides:  make(map[string]events.Thresholds),
+		controlled: make(map[string]events.Thresholds),
+		lat:        make(map[string]*latModel),
+		cordons:    make(map[string]map[uint64]struct{}),
+		seen:       make(map[string]struct{}),
 	}
 }
 
@@ -113,6 +122,10 @@ func decodeMessage(prefix string, parts int, dec *events.Decoder, subject string
 	case events.KindBye, events.KindEstBye:
 		if msg.bye, err = dec.Goodbye(data); err == nil {
 			err = msg.bye.Match(subj)
+		}
+	case events.KindLat, events.KindLatr:
+		if msg.lat, err = dec.LatencyReport(data); err == nil {
+			err = msg.lat.Match(subj)
 		}
 	}
 	msg.err = err
@@ -202,6 +215,12 @@ func (s *state) handle(msg *message, now time.Time) {
 			return
 		}
 		s.metrics.acceptedBye.Inc()
+	case events.KindLat, events.KindLatr:
+		if reason := s.applyLatency(&msg.lat, now); reason != "" {
+			s.reject(reason, msg.subject, nil)
+			return
+		}
+		s.metrics.accepted.WithLabelValues("latency").Inc()
 	}
 }
 
@@ -370,6 +389,9 @@ func (s *state) addModel(name string) *model {
 }
 
 func (s *state) thresholdsOf(model string) events.Thresholds {
+	if t, ok := s.controlled[model]; ok {
+		return t
+	}
 	return s.cfg.Defaults.Merge(s.overrides[model])
 }
 
@@ -562,6 +584,12 @@ func (s *state) setOverride(model string, t *events.Thresholds) {
 	} else {
 		s.overrides[model] = *t
 	}
+	s.recomputeThresholds(model)
+}
+
+// recomputeThresholds puts model's thresholds in force and recomputes its
+// workers.
+func (s *state) recomputeThresholds(model string) {
 	m := s.models[model]
 	if m == nil {
 		return

@@ -169,9 +169,10 @@ func (c Config) Validate() error {
 type message struct {
 	subject string // as received, for the reject log
 	kind    events.Kind
-	report  events.LoadReport // kind KindLoad or KindEst
-	bye     events.Goodbye    // kind KindBye or KindEstBye
-	err     error             // parse, decode or check error: rejected
+	report  events.LoadReport    // kind KindLoad or KindEst
+	bye     events.Goodbye       // kind KindBye or KindEstBye
+	lat     events.LatencyReport // kind KindLat or KindLatr
+	err     error                // parse, decode or check error: rejected
 	// unchecked: a load report whose subject has not been checked against
 	// it yet; the state checks it unless its rank was last heard on the
 	// same subject (state.checkSubject).

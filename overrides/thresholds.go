@@ -2,9 +2,11 @@
 // monitor replica watches and every restart finds again: the per-model
 // threshold overrides (bucket workermon-thresholds, contract §8), set with
 // compare-and-set by the monitor's API (ThresholdStore) and applied by every
-// monitor (ThresholdWatcher), and the cordoned workers (bucket
+// monitor (ThresholdWatcher), the cordoned workers (bucket
 // workermon-cordons, contract §12), set by the API (CordonStore) and
-// applied by every monitor (CordonWatcher).
+// applied by every monitor (CordonWatcher), and the SLOs with their
+// controllers' status (bucket workermon-slo, contract §18: SLOStore,
+// SLOWatcher).
 //
 // Users: workermon serve and its HTTP API (package api).
 package overrides
@@ -41,6 +43,14 @@ var (
 	// ErrTooManyCordons is returned by CordonStore.Cordon when the bucket
 	// already holds CordonStoreConfig.Max cordons.
 	ErrTooManyCordons = errors.New("overrides: too many cordons")
+	// ErrBadSLO marks a stored SLO or status that does not decode or check.
+	ErrBadSLO = errors.New("overrides: invalid slo")
+	// ErrStatusConflict is returned by SLOStore.PutStatus when the status
+	// key changed since it was read.
+	ErrStatusConflict = errors.New("overrides: slo status changed concurrently")
+	// ErrSLOWatcherRunning is returned by SLOWatcher.Run when the watcher
+	// has already been run.
+	ErrSLOWatcherRunning = errors.New("overrides: slo watcher already started")
 )
 
 // Defaults of the configurations.

@@ -45,6 +45,9 @@ type exchange struct {
 	// preferred is the worker of the first attempt, chosen by the queue's
 	// dispatcher; nil otherwise.
 	preferred *events.WorkerEntry
+	// lat times the stream for the latency windows (contract §18); nil
+	// when not timed.
+	lat *latStream
 }
 
 // serveInference proxies a POST /v1/completions or /v1/chat/completions.
@@ -126,6 +129,7 @@ func (ex *exchange) serve() {
 	// Counted once the outcome is known: an admission has a candidate.
 	rt.admission.Observe(model, d)
 	if !d.Admit {
+		rt.latency.reject(model)
 		ex.code = rt.reject.RejectStatus(d)
 		rt.reject.RejectDecision(ex.w, d)
 		return
@@ -143,12 +147,14 @@ func (ex *exchange) forward(body []byte, cands []events.WorkerEntry) {
 	if ex.route == routeCompletions && rt.cfg.MigrationLimit > 0 {
 		mig = newMigration(body)
 	}
+	dispatched := time.Now()
 	up, err := ex.dispatch(body, cands, mig != nil, mig != nil)
 	if err != nil {
 		ex.dispatchFailed(err)
 		return
 	}
 	if up.isEventStream() {
+		ex.lat = rt.latency.begin(ex.model, up.worker.WorkerID, ex.class, dispatched)
 		ex.stream(up, mig)
 		return
 	}

@@ -609,9 +609,11 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 	case errors.Is(err, errQueueFull):
 		q.metrics.wait[ex.class][queueEvicted].Observe(0)
 		rt.admission.Observe(ex.model, rejected(d))
+		rt.latency.reject(ex.model)
 		ex.queueReject(time.Since(start), fmt.Sprintf("The queue for model %.256q is full, please retry later", ex.model))
 		return nil, false
 	}
+	rt.latency.queue(ex.model)
 
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
@@ -630,6 +632,7 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 			waited := time.Since(start)
 			q.metrics.wait[ex.class][queueExpired].Observe(waited.Seconds())
 			rt.admission.Observe(ex.model, rejected(d))
+			rt.latency.reject(ex.model)
 			ex.queueReject(waited, fmt.Sprintf("Request waited %d ms in the queue for model %.256q: all workers stayed busy, please retry later",
 				waited.Milliseconds(), ex.model))
 			return nil, false
@@ -645,6 +648,7 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 		return v.cands, true
 	case verdictEvicted:
 		rt.admission.Observe(ex.model, rejected(d))
+		rt.latency.reject(ex.model)
 		ex.queueReject(waited, fmt.Sprintf("The queue for model %.256q is full, please retry later", ex.model))
 		return nil, false
 	}

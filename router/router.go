@@ -280,6 +280,7 @@ type Router struct {
 	loads     loads
 	slots     *slotTracker // nil without Config.Slots
 	queue     *queues      // nil with flow control off
+	latency   latencyBook  // latency windows (contract §18), published by RunLatency
 	mux       *http.ServeMux
 
 	retryAfter             string // RetryAfter in whole seconds

@@ -73,6 +73,7 @@ type streamState struct {
 	finished   bool   // a finish_reason relayed
 	errored    bool   // an error event relayed
 	untracked  bool   // an event could not be read: migration would lose text
+	chatText   bool   // the last event observed carried chat text
 	data       []byte // scratch
 }
 
@@ -84,6 +85,10 @@ type streamChunk struct {
 	Choices []struct {
 		Text         string  `json:"text"`
 		FinishReason *string `json:"finish_reason"`
+		// Delta is a chat completion's; only its text is read.
+		Delta *struct {
+			Content string `json:"content"`
+		} `json:"delta"`
 	} `json:"choices"`
 	Usage *struct {
 		PromptTokens     *int `json:"prompt_tokens"`
@@ -124,6 +129,9 @@ func (st *streamState) observe(c *streamChunk) {
 		if ch.Text != "" {
 			text = true
 			st.keep(ch.Text)
+		}
+		if ch.Delta != nil && ch.Delta.Content != "" {
+			st.chatText = true
 		}
 	}
 	if text {
@@ -252,7 +260,12 @@ func (ex *exchange) relay(ev []byte, st *streamState) bool {
 			st.untracked = true
 			break
 		}
+		before := st.segChunks
+		st.chatText = false
 		st.observe(&c)
+		if st.segment == 0 && (st.segChunks > before || st.chatText) {
+			ex.lat.text(time.Now()) // latency windows (contract §18)
+		}
 		if st.segment > 0 {
 			if out, err := st.rewrite(data); err == nil {
 				ev = sseReplaceData(ev, out)

@@ -185,6 +185,7 @@
     }
     let th = 'thresholds: ' + thresholdsText(m.thresholds);
     if (m.updated_at) th += ' · record written ' + new Date(m.updated_at).toLocaleTimeString();
+    if (m.slo) th += ' · ' + m.slo;
     text(sec.thresholds, th);
     sample(sec, m, snap);
     drawStrip(sec);

@@ -102,6 +102,9 @@ func TestCheckEveryCommand(t *testing.T) {
 		{"cordon", []string{"cordon", "--monitor-url", httpURL, "--model", "m", "--worker-id", "3"}, map[string]any{"worker-id": 3.0}},
 		{"cordon list", []string{"cordon", "--monitor-url", httpURL}, nil},
 		{"uncordon", []string{"uncordon", "--monitor-url", httpURL, "--model", "m", "--worker-id", "3"}, nil},
+		{"slo get", []string{"slo", "get", "--monitor-url", httpURL}, nil},
+		{"slo set", []string{"slo", "set", "--monitor-url", httpURL, "--model", "m", "--itl-ms", "50"}, map[string]any{"model": "m"}},
+		{"slo delete", []string{"slo", "delete", "--monitor-url", httpURL, "--model", "m"}, nil},
 		{"bench", []string{"bench", "--reports", "10", "--rounds", "1"}, map[string]any{"reports": 10.0}},
 		{"nats-config", []string{"nats-config", "--partitions", "8"}, map[string]any{"partitions": 8.0}},
 		{"healthcheck", []string{"healthcheck", "--url", httpURL + "/healthz"}, map[string]any{"url": httpURL + "/healthz"}},
@@ -126,7 +129,7 @@ func TestCheckEveryCommand(t *testing.T) {
 				t.Errorf("more than one JSON value on stdout:\n%s", stdout)
 			}
 			wantName := tt.args[0]
-			if tt.args[0] == "thresholds" {
+			if tt.args[0] == "thresholds" || tt.args[0] == "slo" {
 				wantName += " " + tt.args[1]
 			}
 			if r.Command != wantName || !r.Valid {
@@ -183,6 +186,7 @@ func TestCheckInvalid(t *testing.T) {
 		{"scrape engine", []string{"scrape", "--worker-id", "1", "--metrics-url", "http://127.0.0.1:1/metrics", "--model", "m"}, nil, "--engine"},
 		{"cordon without worker", []string{"cordon", "--model", "m"}, nil, "--worker-id"},
 		{"uncordon without model", []string{"uncordon", "--worker-id", "1"}, nil, "--model"},
+		{"slo set without target", []string{"slo", "set", "--model", "m"}, nil, "--itl-ms"},
 		{"bench reports", []string{"bench", "--reports", "0"}, nil, "--reports"},
 		{"nats-config partitions", []string{"nats-config", "--partitions", "0"}, nil, "--partitions"},
 		{"healthcheck url", []string{"healthcheck", "--url", "ftp://x/"}, nil, "--url"},

@@ -31,6 +31,7 @@ func commands() []command {
 		{"status", "print each model's busy, free and stale workers and its thresholds", runStatus},
 		{"watch", "follow the busy-set bucket: models and workers redrawn in place, or one line per change", runWatch},
 		{"thresholds", "get, set or unset a model's busy thresholds on a running monitor", runThresholds},
+		{"slo", "get, set or delete a model's latency SLO on a running monitor: the monitor finds the thresholds", runSLO},
 		{"slots", "run the slot tracker: Dynamo's standalone slot tracker API over active-request accounting", runSlots},
 		{"scrape", "publish a stock engine's load (vLLM, SGLang) from its Prometheus /metrics page", runScrape},
 		{"cordon", "cordon a worker on a running monitor: listed busy, sent nothing new, its work moved off", runCordon},

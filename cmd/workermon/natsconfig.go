@@ -82,12 +82,17 @@ func natsConfig(prefix string, parts int, account string) string {
 #   publish: {
 #     allow: [
 #       %q, %q,
+#       %q, %q,
 #       %q, %q
 #     ]
 #   }
-`, prefix+".load.*.<ID>.*", prefix+".part.*.load.*.<ID>.*", prefix+".bye.*.<ID>", prefix+".part.*.bye.*.<ID>")
-	fmt.Fprintf(&b, "# A router publishing estimates (section 11) likewise needs %q and %q.\n",
+`, prefix+".load.*.<ID>.*", prefix+".part.*.load.*.<ID>.*", prefix+".bye.*.<ID>", prefix+".part.*.bye.*.<ID>",
+		prefix+".lat.*.<ID>", prefix+".part.*.lat.*.<ID>")
+	fmt.Fprintf(&b, "# (the lat pair for the engine's latency windows, section 18, sent by workermon scrape).\n")
+	fmt.Fprintf(&b, "# A router publishing estimates (section 11) likewise needs %q and %q,\n",
 		prefix+".est.>", prefix+".part.*.est.>")
+	fmt.Fprintf(&b, "# and for its latency windows (section 18) %q and %q.\n",
+		prefix+".latr.>", prefix+".part.*.latr.>")
 	fmt.Fprintf(&b, "# Monitors subscribe to %q.\n", prefix+".part.>")
 	return b.String()
 }

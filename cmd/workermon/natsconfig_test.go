@@ -17,7 +17,7 @@ import (
 
 // TestNATSConfigMapsLikePartition loads what `workermon nats-config` prints
 // into a real nats-server and checks that the server puts every report,
-// goodbye and estimate of many models under the partition events.Partition
+// goodbye, estimate and latency window of many models under the partition events.Partition
 // computes locally.
 func TestNATSConfigMapsLikePartition(t *testing.T) {
 	t.Parallel()
@@ -58,6 +58,8 @@ func TestNATSConfigMapsLikePartition(t *testing.T) {
 				{events.LoadSubject("wm", model, 42, 3), fmt.Sprintf("wm.part.%d.load.%s.42.3", p, events.ModelKey(model))},
 				{events.ByeSubject("wm", model, 42), fmt.Sprintf("wm.part.%d.bye.%s.42", p, events.ModelKey(model))},
 				{"wm.est." + events.ModelKey(model) + ".42.3", fmt.Sprintf("wm.part.%d.est.%s.42.3", p, events.ModelKey(model))},
+				{events.LatSubject("wm", model, 42), fmt.Sprintf("wm.part.%d.lat.%s.42", p, events.ModelKey(model))},
+				{events.LatrSubject("wm", model, 42), fmt.Sprintf("wm.part.%d.latr.%s.42", p, events.ModelKey(model))},
 			} {
 				if err := nc.Publish(c.plain, nil); err != nil {
 					t.Fatal(err)

@@ -79,7 +79,7 @@ func (in *intake) source() monitor.Source[*nats.Msg] {
 // them, in order, into one channel.
 func (in *intake) subjects(p int) []string {
 	if in.parts == 1 {
-		return []string{in.prefix + ".load.>", in.prefix + ".bye.>", in.prefix + ".est.>"}
+		return []string{in.prefix + ".load.>", in.prefix + ".bye.>", in.prefix + ".est.>", in.prefix + ".lat.>", in.prefix + ".latr.>"}
 	}
 	return []string{events.PartitionWildcard(in.prefix, p)}
 }
@@ -164,7 +164,7 @@ func (in *intake) watchPlain() error {
 	if in.parts == 1 {
 		return nil
 	}
-	for _, kind := range []string{"load", "bye", "est"} {
+	for _, kind := range []string{"load", "bye", "est", "lat", "latr"} {
 		subject := in.prefix + "." + kind + ".>"
 		sub, err := in.nc.Subscribe(subject, in.onPlain)
 		if err != nil {

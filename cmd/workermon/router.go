@@ -209,6 +209,8 @@ type routerService struct {
 	http     *httpServer
 	slots    *slotsLink
 	board    *board.Board
+	// stopLatency stops the latency windows (contract §18).
+	stopLatency func()
 
 	closeOnce sync.Once
 	closeErr  error
@@ -284,6 +286,7 @@ func startRouter(o routerOptions, log *slog.Logger, reg *prometheus.Registry) (_
 	if svc.router, err = router.New(cfg); err != nil {
 		return nil, err
 	}
+	svc.stopLatency = startRouterLatency(svc.router, svc.nc, o.estimates.subjectPrefix, log)
 	if svc.board, err = startBoard(&board.RouterSource{BusyList: svc.watcher, Registry: svc.registry, Tracker: tracker,
 		Counts: board.GatheredCounts(reg), Queues: board.GatheredQueues(reg), ID: cfg.RouterID}, log, reg); err != nil {
 		return nil, err
@@ -327,6 +330,9 @@ func (svc *routerService) Close(ctx context.Context) error {
 		}
 		// The estimates' goodbyes go out before the connection closes.
 		svc.slots.stop()
+		if svc.stopLatency != nil {
+			svc.stopLatency()
+		}
 		if svc.watcher != nil {
 			_ = svc.watcher.Close()
 		}

@@ -39,6 +39,7 @@ type serveOptions struct {
 	staleListAfter time.Duration
 	adminToken     string
 	resched        reschedOptions
+	slo            sloOptions
 	log            logOptions
 	// hooks are for tests; nil otherwise.
 	hooks *serveHooks
@@ -57,6 +58,7 @@ func defaultServeOptions() serveOptions {
 		leaseTTL:       busylist.DefaultLeaseTTL,
 		staleListAfter: busylist.DefaultStaleListAfter,
 		resched:        defaultReschedOptions(),
+		slo:            defaultSLOOptions(),
 		log:            defaultLogOptions(),
 	}
 	o.nats.URL = ""
@@ -107,6 +109,7 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.IntVar(&o.monitor.MaxRanksPerWorker, "max-ranks-per-worker", o.monitor.MaxRanksPerWorker, "largest dp_size a report may declare")
 	fs.StringVar(&o.adminToken, "admin-token", o.adminToken, "bearer token required to change thresholds and cordons (unset: anyone can)")
 	o.reschedFlags(fs)
+	o.slo.flags(fs)
 	classFlags(fs, &o.monitor)
 	o.log.flags(fs)
 }
@@ -144,6 +147,9 @@ func (o serveOptions) validate() error {
 		errs = append(errs, fmt.Errorf("serve: --partitions %d must be 1 to 1024", o.partitions))
 	}
 	errs = append(errs, o.resched.validate()...)
+	if _, err := o.slo.controllerConfig(); err != nil {
+		errs = append(errs, err)
+	}
 	if o.leaseTTL <= 0 {
 		errs = append(errs, fmt.Errorf("serve: --lease-ttl %v must be positive", o.leaseTTL))
 	}

@@ -63,6 +63,8 @@ type service struct {
 	monitorDone, writerDone, watcherDone, leaserDone chan struct{}
 	stopCordons, stopSync, stopResched               context.CancelFunc
 	cordonsDone, syncDone, reschedDone               chan struct{}
+	stopSLO                                          context.CancelFunc
+	sloDone                                          chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
@@ -229,6 +231,13 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 	acfg.Cordons, acfg.CordonMonitor, acfg.Rescheduler = cordons, svc.mon, rescheduler
 	acfg.RecordModels = func() []string { return recordModels(js, svc.writer) }
 	acfg.Defaults, acfg.AdminToken = o.monitor.Defaults, o.adminToken
+	slos, err := startSLO(o.slo, js, o.replicas, o.partitions, o.writer.MonitorID, svc.mon, svc.leaser.Epoch,
+		log.With("component", "slo"), reg)
+	if err != nil {
+		return nil, err
+	}
+	slos.apiConfig(&acfg)
+	svc.stopSLO, svc.sloDone = goLoop(slos.run, log, "slo controller")
 	acfg.Logger = log.With("component", "api")
 	apiHandler, err := api.New(acfg)
 	if err != nil {
@@ -236,7 +245,7 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 	}
 
 	if svc.board, err = startBoard(&board.MonitorSource{Monitor: svc.mon, ID: o.writer.MonitorID,
-		Counts: svc.boardCounts.count, Queues: svc.boardCounts.queues}, log, reg); err != nil {
+		Counts: svc.boardCounts.count, Queues: svc.boardCounts.queues, SLOs: slos.boardLines}, log, reg); err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
@@ -421,6 +430,7 @@ func (svc *service) Close(ctx context.Context) error {
 			}
 		}
 		stop(svc.stopResched, svc.reschedDone, "rescheduler")
+		stop(svc.stopSLO, svc.sloDone, "slo controller")
 		stop(svc.stopMonitor, svc.monitorDone, "monitor")
 		stop(svc.stopLeaser, svc.leaserDone, "leases")
 		stop(svc.stopWriter, svc.writerDone, "writer")

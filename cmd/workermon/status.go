@@ -47,13 +47,23 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return apiError(err)
 	}
+	slos, err := statusSLOs(ctx, c, model)
+	if err != nil {
+		return apiError(err)
+	}
 	if o.json {
-		return printJSON(stdout, statusReply{Records: records, Partitions: parts})
+		return printJSON(stdout, statusReply{Records: records, Partitions: parts, SLOs: slos})
 	}
 	if len(records) == 0 {
 		fmt.Fprintln(stdout, noRecords(model, parts))
 	} else if err := printStatus(stdout, records); err != nil {
 		return err
+	}
+	if len(slos) > 0 {
+		fmt.Fprintln(stdout)
+		if err := printSLOs(stdout, slos); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintln(stdout)
 	return printPartitions(stdout, parts)
@@ -79,6 +89,8 @@ func noRecords(model string, parts api.PartitionsReply) string {
 type statusReply struct {
 	Records    []api.Record        `json:"records"`
 	Partitions api.PartitionsReply `json:"partitions"`
+	// SLOs are the models' SLOs with their controllers' state (§18).
+	SLOs []api.SLOReply `json:"slos"`
 }
 
 // printPartitions writes one line per partition: its holder and epoch as

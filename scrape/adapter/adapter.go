@@ -108,6 +108,10 @@ type Config struct {
 	SubjectPrefix string
 	// Client makes the requests; nil: a client of the Adapter's own.
 	Client *http.Client
+	// LatencyWindow is how often the engine's latency windows (contract
+	// §18: the difference of its TTFT and ITL histograms between two
+	// scrapes) go out on <prefix>.lat.<model_key>.<worker_id>; 0: never.
+	LatencyWindow time.Duration
 	// PublisherOptions are added to the publisher's (ranks, endpoint,
 	// block size, prefix and logger are set by the Adapter).
 	PublisherOptions []publisher.Option
@@ -124,6 +128,7 @@ func DefaultConfig() Config {
 		Timeout:       DefaultTimeout,
 		MaxBodyBytes:  DefaultMaxBodyBytes,
 		SubjectPrefix: events.DefaultSubjectPrefix,
+		LatencyWindow: DefaultLatencyWindow,
 	}
 }
 
@@ -149,6 +154,9 @@ func (c Config) Validate() error {
 		if _, err := publisher.CheckEndpoint(c.Endpoint); err != nil {
 			errs = append(errs, fmt.Errorf("adapter: %w", err))
 		}
+	}
+	if c.LatencyWindow < 0 {
+		bad("latency window: %v is negative", c.LatencyWindow)
 	}
 	if c.Interval <= 0 {
 		bad("interval: %v is not positive", c.Interval)
@@ -206,6 +214,7 @@ type Adapter struct {
 	buf     bytes.Buffer
 	scrapes *retry.ErrLog
 	ranks   *retry.ErrLog
+	lat     latencyState
 
 	cancel    context.CancelFunc
 	done      chan struct{}
@@ -273,10 +282,11 @@ func (a *Adapter) Close(ctx context.Context) error {
 
 // result is what one scrape brought.
 type result struct {
-	snap     scrape.Snapshot
-	err      error
-	reason   string
-	duration time.Duration
+	snap      scrape.Snapshot
+	ttft, itl *scrape.Histogram // the latency histograms, nil when absent
+	err       error
+	reason    string
+	duration  time.Duration
 }
 
 // run scrapes every interval (a scrape never overlaps the previous one)
@@ -358,7 +368,8 @@ func (a *Adapter) scrape(ctx context.Context) (r result) {
 	if len(snap.Ranks) == 0 {
 		return fail(ReasonNoRanks, fmt.Errorf("no rank in %s's metrics", a.cfg.Mapping.Engine()))
 	}
-	return result{snap: snap}
+	ttft, itl := scrape.LatencyHistograms(a.cfg.Mapping.Engine(), fams)
+	return result{snap: snap, ttft: ttft, itl: itl}
 }
 
 // handle applies one scrape's result and reports whether it was good.
@@ -379,6 +390,7 @@ func (a *Adapter) handle(r result) bool {
 	}
 	a.scrapes.OK()
 	now := time.Now()
+	a.latency(r, now)
 	a.metrics.scrapes.WithLabelValues("ok").Inc()
 	a.metrics.ranks.Set(float64(len(r.snap.Ranks)))
 	a.metrics.lastGood.Set(float64(now.UnixNano()) / 1e9)

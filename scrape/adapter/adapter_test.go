@@ -147,26 +147,40 @@ type message struct {
 
 func (in *inbox) next(t testing.TB) message {
 	t.Helper()
+	for {
+		if m, ok := in.nextMsg(t); ok {
+			return m
+		}
+	}
+}
+
+// nextMsg is next, false for a latency window (TestLatencyWindows reads
+// those itself).
+func (in *inbox) nextMsg(t testing.TB) (message, bool) {
+	t.Helper()
 	select {
 	case m := <-in.ch:
 		if m.Subject == markerSubject {
-			return message{marker: string(m.Data)}
+			return message{marker: string(m.Data)}, true
 		}
 		s, err := events.ParseSubject(events.DefaultSubjectPrefix, m.Subject)
 		if err != nil {
 			t.Fatalf("subject %s: %v", m.Subject, err)
 		}
+		if s.Kind == events.KindLat {
+			return message{}, false
+		}
 		if s.Kind == events.KindBye {
-			return message{bye: true}
+			return message{bye: true}, true
 		}
 		r, err := events.DecodeLoadReport(m.Data)
 		if err != nil {
 			t.Fatalf("decode %s: %v", m.Subject, err)
 		}
-		return message{report: &r}
+		return message{report: &r}, true
 	case <-time.After(waitTimeout):
 		t.Fatalf("nothing arrived within %v", waitTimeout)
-		return message{}
+		return message{}, true
 	}
 }
 

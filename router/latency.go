@@ -1,0 +1,302 @@
+package router
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/workermon/workermon/admission"
+	"github.com/workermon/workermon/events"
+)
+
+// Latency windows (contract §18). The Router times each relayed stream of
+// a request of priority ≥ 0 from dispatch: TTFT to the first event with
+// text, ITL as the gaps between later text events, on the first worker
+// only (a migrated stream's gap would be the migration's). The samples go
+// into per-(model, worker) bucket counts, and RunLatency publishes them
+// every window as one report per worker on
+// <prefix>.latr.<model_key>.<worker_id>, source router/<id>, with the
+// model's rejections (and queued requests) of the window.
+
+// DefaultLatencyWindow is how often RunLatency publishes.
+const DefaultLatencyWindow = time.Second
+
+// maxLatencyEntries bounds the (model, worker) pairs timed.
+const maxLatencyEntries = 1 << 14
+
+// latKey names one worker of one model.
+type latKey struct {
+	model  string
+	worker uint64
+}
+
+// latEntry is one worker's samples since the last window.
+type latEntry struct {
+	mu        sync.Mutex
+	ttft, itl [events.LatencyMaxBucket + 1]uint64
+	samples   bool
+}
+
+// latModel counts a model's answers that never reached a worker.
+type latModel struct {
+	rejected, queued atomic.Uint64
+}
+
+// latencyBook holds the windows; its zero value is ready. Safe for
+// concurrent use: a stream looks its entry up once, then locks only that
+// entry per event.
+type latencyBook struct {
+	// on is set while RunLatency runs: without it nothing is recorded.
+	on      atomic.Bool
+	mu      sync.RWMutex
+	entries map[latKey]*latEntry
+	models  map[string]*latModel
+}
+
+// latStream times one relayed stream; nil times nothing.
+type latStream struct {
+	e        *latEntry
+	start    time.Time
+	last     time.Time
+	gotFirst bool
+}
+
+func (b *latencyBook) entry(model string, worker uint64) *latEntry {
+	k := latKey{model, worker}
+	b.mu.RLock()
+	e := b.entries[k]
+	b.mu.RUnlock()
+	if e != nil {
+		return e
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.entries == nil {
+		b.entries = make(map[latKey]*latEntry)
+	}
+	if e = b.entries[k]; e == nil {
+		if len(b.entries) >= maxLatencyEntries {
+			return nil
+		}
+		e = &latEntry{}
+		b.entries[k] = e
+	}
+	return e
+}
+
+func (b *latencyBook) model(model string) *latModel {
+	b.mu.RLock()
+	m := b.models[model]
+	b.mu.RUnlock()
+	if m != nil {
+		return m
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.models == nil {
+		b.models = make(map[string]*latModel)
+	}
+	if m = b.models[model]; m == nil {
+		if len(b.models) >= maxLatencyEntries {
+			return nil
+		}
+		m = &latModel{}
+		b.models[model] = m
+	}
+	return m
+}
+
+// begin starts timing a stream dispatched at start; nil for a sheddable
+// request (only priority ≥ 0 counts).
+func (b *latencyBook) begin(model string, worker uint64, class admission.Class, start time.Time) *latStream {
+	if class == admission.ClassSheddable || !b.on.Load() {
+		return nil
+	}
+	e := b.entry(model, worker)
+	if e == nil {
+		return nil
+	}
+	return &latStream{e: e, start: start}
+}
+
+// text records an event with text at now: the first is the TTFT, each
+// later one an ITL sample.
+func (s *latStream) text(now time.Time) {
+	if s == nil {
+		return
+	}
+	first := !s.gotFirst
+	from := s.last
+	if first {
+		from, s.gotFirst = s.start, true
+	}
+	s.last = now
+	k := events.LatencyBucketOf(float64(now.Sub(from)) / float64(time.Millisecond))
+	s.e.mu.Lock()
+	if first {
+		s.e.ttft[k]++
+	} else {
+		s.e.itl[k]++
+	}
+	s.e.samples = true
+	s.e.mu.Unlock()
+}
+
+// reject counts a rejected request of model.
+func (b *latencyBook) reject(model string) {
+	if !b.on.Load() {
+		return
+	}
+	if m := b.model(model); m != nil {
+		m.rejected.Add(1)
+	}
+}
+
+// queue counts a request of model that waited in the queue (contract §17).
+func (b *latencyBook) queue(model string) {
+	if !b.on.Load() {
+		return
+	}
+	if m := b.model(model); m != nil {
+		m.queued.Add(1)
+	}
+}
+
+// drain returns the reports of the window and starts the next one.
+// workersOf names the workers to report a model's rejections on when none
+// of its workers has samples.
+func (b *latencyBook) drain(source string, window time.Duration, now time.Time, workersOf func(string) []uint64) []events.LatencyReport {
+	b.mu.RLock()
+	keys := make([]latKey, 0, len(b.entries))
+	for k := range b.entries {
+		keys = append(keys, k)
+	}
+	models := make(map[string]*latModel, len(b.models))
+	for name, m := range b.models {
+		models[name] = m
+	}
+	b.mu.RUnlock()
+	slices.SortFunc(keys, func(a, c latKey) int {
+		return cmp.Or(cmp.Compare(a.model, c.model), cmp.Compare(a.worker, c.worker))
+	})
+	sentAt := now.UnixNano()
+	windowMs := uint64(max(window.Milliseconds(), 1))
+	var out []events.LatencyReport
+	reported := map[string]bool{}
+	counts := func(model string) (uint64, uint64) {
+		if m := models[model]; m != nil {
+			return m.rejected.Load(), m.queued.Load()
+		}
+		return 0, 0
+	}
+	for _, k := range keys {
+		b.mu.RLock()
+		e := b.entries[k]
+		b.mu.RUnlock()
+		e.mu.Lock()
+		if !e.samples {
+			e.mu.Unlock()
+			continue
+		}
+		r := events.LatencyReport{Model: k.model, WorkerID: k.worker, Source: source, WindowMs: windowMs, SentAt: sentAt}
+		r.TTFT, r.ITL = sparse(&e.ttft), sparse(&e.itl)
+		e.ttft, e.itl, e.samples = [events.LatencyMaxBucket + 1]uint64{}, [events.LatencyMaxBucket + 1]uint64{}, false
+		e.mu.Unlock()
+		out = append(out, r)
+		reported[k.model] = true
+	}
+	// Rejections and queueing: the same in every report of the model.
+	for i := range out {
+		out[i].Rejected, out[i].Queued = counts(out[i].Model)
+	}
+	for name := range models {
+		rej, q := counts(name)
+		if rej == 0 && q == 0 || reported[name] {
+			continue
+		}
+		workers := workersOf(name)
+		if len(workers) == 0 {
+			continue
+		}
+		out = append(out, events.LatencyReport{Model: name, WorkerID: workers[0], Source: source, WindowMs: windowMs,
+			Rejected: rej, Queued: q, SentAt: sentAt})
+	}
+	for _, m := range models {
+		m.rejected.Store(0)
+		m.queued.Store(0)
+	}
+	// Entries of a window without samples are dropped, so that workers
+	// gone from the registry do not stay.
+	b.mu.Lock()
+	for k, e := range b.entries {
+		if e.mu.TryLock() {
+			if !e.samples {
+				delete(b.entries, k)
+			}
+			e.mu.Unlock()
+		}
+	}
+	for name, m := range b.models {
+		if m.rejected.Load() == 0 && m.queued.Load() == 0 {
+			delete(b.models, name)
+		}
+	}
+	b.mu.Unlock()
+	return out
+}
+
+func sparse(h *[events.LatencyMaxBucket + 1]uint64) []events.LatencyBucket {
+	var out []events.LatencyBucket
+	for k, n := range h {
+		if n > 0 {
+			out = append(out, events.LatencyBucket{K: uint8(k), N: n})
+		}
+	}
+	return out
+}
+
+// RunLatency publishes the Router's latency windows (contract §18) every
+// window until ctx ends: one report per worker with samples, on
+// <prefix>.latr.<model_key>.<worker_id> with source router/<Config.RouterID>.
+// publish sends one message; its errors are logged at a limited rate.
+func (rt *Router) RunLatency(ctx context.Context, prefix string, window time.Duration, publish func(subject string, data []byte) error) error {
+	if window <= 0 {
+		return fmt.Errorf("router: latency window %v must be positive", window)
+	}
+	if rt.cfg.RouterID == "" {
+		return fmt.Errorf("router: latency windows need a router id")
+	}
+	source := events.RouterSourcePrefix + rt.cfg.RouterID
+	enc := events.NewEncoder()
+	workersOf := func(model string) []uint64 {
+		var ids []uint64
+		for _, w := range rt.cfg.Registry.Endpoints(model) {
+			ids = append(ids, w.WorkerID)
+		}
+		return ids
+	}
+	rt.latency.on.Store(true)
+	defer rt.latency.on.Store(false)
+	t := time.NewTicker(window)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case now := <-t.C:
+			for _, r := range rt.latency.drain(source, window, now, workersOf) {
+				data, err := enc.LatencyReport(&r)
+				if err == nil {
+					err = publish(events.LatrSubject(prefix, r.Model, r.WorkerID), data)
+				}
+				if err != nil {
+					rt.streamLog.warn("router: latency window not published", "model", r.Model, "worker", r.WorkerID, "err", err)
+				}
+			}
+		}
+	}
+}

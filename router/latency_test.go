@@ -1,0 +1,143 @@
+package router
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/workermon/workermon/admission"
+	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/natstest"
+)
+
+// TestLatencyBook: TTFT from dispatch to the first text, ITL between later
+// ones, in the §18 buckets; sheddable requests not timed; a window drains
+// once; rejections ride on the model's reports, or on a registered worker's
+// when no worker has samples.
+func TestLatencyBook(t *testing.T) {
+	t.Parallel()
+	var b latencyBook
+	t0 := time.Unix(1000, 0)
+	if b.begin("m", 3, admission.ClassStandard, t0) != nil {
+		t.Fatal("timed while off (RunLatency not running)")
+	}
+	b.on.Store(true)
+	s := b.begin("m", 3, admission.ClassStandard, t0)
+	s.text(t0.Add(100 * time.Millisecond))
+	s.text(t0.Add(120 * time.Millisecond))
+	s.text(t0.Add(140 * time.Millisecond))
+	if b.begin("m", 3, admission.ClassSheddable, t0) != nil {
+		t.Error("a sheddable request is timed")
+	}
+	b.reject("m")
+	b.reject("m")
+	b.queue("m")
+	b.reject("other")
+	reports := b.drain("router/r", time.Second, t0.Add(time.Second), func(string) []uint64 { return []uint64{9} })
+	if len(reports) != 2 {
+		t.Fatalf("reports %+v, want one for m/3 and one for other/9", reports)
+	}
+	r := reports[0]
+	if r.Model != "m" || r.WorkerID != 3 || r.Source != "router/r" || r.WindowMs != 1000 || r.Rejected != 2 || r.Queued != 1 {
+		t.Fatalf("report %+v", r)
+	}
+	if len(r.TTFT) != 1 || r.TTFT[0] != (events.LatencyBucket{K: events.LatencyBucketOf(100), N: 1}) {
+		t.Errorf("ttft %+v, want one sample in the 100 ms bucket", r.TTFT)
+	}
+	if len(r.ITL) != 1 || r.ITL[0] != (events.LatencyBucket{K: events.LatencyBucketOf(20), N: 2}) {
+		t.Errorf("itl %+v, want two samples in the 20 ms bucket", r.ITL)
+	}
+	if o := reports[1]; o.Model != "other" || o.WorkerID != 9 || o.Rejected != 1 || len(o.TTFT)+len(o.ITL) != 0 {
+		t.Errorf("rejections-only report %+v", o)
+	}
+	for _, r := range reports {
+		if _, err := events.MarshalLatencyReport(&r); err != nil {
+			t.Errorf("report does not encode: %v", err)
+		}
+	}
+	if again := b.drain("router/r", time.Second, t0.Add(2*time.Second), func(string) []uint64 { return nil }); len(again) != 0 {
+		t.Errorf("second drain: %+v", again)
+	}
+}
+
+// TestRouterPublishesLatency: streams relayed through the router (a
+// completion and a chat completion) are timed on their worker and
+// published on latr subjects; a rejected request counts in the window.
+func TestRouterPublishesLatency(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, envOptions{config: func(c *Config) { c.RouterID = "r1" }})
+	e := newEngine(t, func(w http.ResponseWriter, r *http.Request, body map[string]any) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		if _, chat := body["messages"]; chat {
+			fmt.Fprint(w, `data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant"}}]}`+"\n\n")
+			for _, tok := range []string{"a", "b", "c"} {
+				fmt.Fprint(w, `data: {"id":"c","choices":[{"index":0,"delta":{"content":"`+tok+`"}}]}`+"\n\n")
+			}
+		} else {
+			for _, tok := range []string{"a", "b"} {
+				fmt.Fprint(w, sseEvent(completionChunk("c", tok, "", nil)))
+			}
+		}
+		fmt.Fprint(w, sseEvent(completionChunk("c", "", "stop", nil)))
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	})
+	env.putWorker(t, model, 4, e.srv.URL)
+	env.putRecord(t, model, []uint64{4}, nil, time.Now())
+
+	var mu sync.Mutex
+	var got []events.LatencyReport
+	go func() {
+		_ = env.rt.RunLatency(t.Context(), "wm", 20*time.Millisecond, func(subject string, data []byte) error {
+			r, err := events.DecodeLatencyReport(data)
+			if err != nil || subject != events.LatrSubject("wm", r.Model, r.WorkerID) {
+				t.Errorf("published %s: %+v %v", subject, r, err)
+			}
+			mu.Lock()
+			got = append(got, r)
+			mu.Unlock()
+			return nil
+		})
+	}()
+	natstest.WaitFor(t, 5*time.Second, "latency windows on", env.rt.latency.on.Load)
+
+	for _, req := range []struct{ path, body string }{
+		{PathCompletions, `{"model":"` + model + `","prompt":"x","stream":true}`},
+		{PathChatCompletions, `{"model":"` + model + `","messages":[{"role":"user","content":"x"}],"stream":true}`},
+	} {
+		resp := env.post(t, req.path, req.body)
+		readAll(t, resp)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d", req.body, resp.StatusCode)
+		}
+	}
+	env.putRecord(t, model, nil, []uint64{4}, time.Now())
+	if resp := env.post(t, PathCompletions, `{"model":"`+model+`","prompt":"x"}`); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("all busy: %d", resp.StatusCode)
+	}
+
+	count := func(bs []events.LatencyBucket) (n uint64) {
+		for _, b := range bs {
+			n += b.N
+		}
+		return n
+	}
+	var ttft, itl, rejected uint64
+	natstest.WaitFor(t, 5*time.Second, "the windows published", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		ttft, itl, rejected = 0, 0, 0
+		for _, r := range got {
+			if r.Model != model || r.WorkerID != 4 || r.Source != "router/r1" {
+				t.Errorf("report %+v", r)
+			}
+			ttft, itl, rejected = ttft+count(r.TTFT), itl+count(r.ITL), rejected+r.Rejected
+		}
+		return ttft >= 2 && itl >= 3 && rejected >= 1
+	})
+	// Two streams: two TTFT samples; 1 + 2 gaps between text events.
+	if ttft != 2 || itl != 3 || rejected != 1 {
+		t.Errorf("ttft %d itl %d samples, %d rejected; want 2, 3 and 1", ttft, itl, rejected)
+	}
+}

@@ -1,0 +1,383 @@
+// Package sloctl runs the SLO controller of contract §18 around the pure
+// package slo: every --slo-interval it takes the latency windows the
+// monitor gathered, and for each model with an SLO whose partition this
+// monitor holds it loads the controller's status (from <model_key>.status
+// in the workermon-slo bucket on the first round of a lease, so that a
+// takeover continues from it), moves the thresholds (slo.Next), writes the
+// status by compare-and-set under the partition's epoch, and under
+// `enforce` hands the thresholds to the monitor. Under `shadow`, and when
+// an SLO is deleted, the monitor gets the model back (its override and the
+// defaults apply again).
+package sloctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/promreg"
+	"github.com/workermon/workermon/internal/retry"
+	"github.com/workermon/workermon/overrides"
+	"github.com/workermon/workermon/slo"
+)
+
+// DefaultInterval is --slo-interval: at most one move per interval.
+const DefaultInterval = 2 * time.Second
+
+// Errors.
+var (
+	ErrInvalidConfig = errors.New("invalid slo controller config")
+)
+
+// Monitor is what the controller needs of the monitor; *monitor.Monitor
+// implements it.
+type Monitor interface {
+	DrainLatency(ctx context.Context) (map[string]*slo.Window, error)
+	SetControlled(ctx context.Context, model string, t *slo.Thresholds) error
+	BaseThresholds(ctx context.Context, model string) (events.Thresholds, error)
+}
+
+// Store is the status part of the SLO bucket; *overrides.SLOStore
+// implements it.
+type Store interface {
+	Status(ctx context.Context, model string) (overrides.SLOStatus, uint64, error)
+	PutStatus(ctx context.Context, st overrides.SLOStatus, rev uint64) (uint64, error)
+}
+
+// Config configures a Controller.
+type Config struct {
+	Monitor Monitor
+	Store   Store
+	// Controller bounds and shapes the moves (--slo-decode-range,
+	// --slo-prefill-range).
+	Controller slo.Config
+	// Interval is --slo-interval. > 0.
+	Interval time.Duration
+	// Partitions is --partitions.
+	Partitions int
+	// Epoch returns the epoch of partition p while this monitor may write
+	// it, 0 otherwise (busylist.Leaser.Epoch). Required.
+	Epoch     func(p int) uint64
+	MonitorID string
+	// Now is the clock of updated_at; nil means time.Now.
+	Now        func() time.Time
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// DefaultConfig returns a Config with the defaults of §18.
+func DefaultConfig() Config {
+	return Config{Controller: slo.DefaultConfig(), Interval: DefaultInterval, Partitions: 1}
+}
+
+// Validate reports every problem of c.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Monitor == nil {
+		errs = append(errs, errors.New("monitor is nil"))
+	}
+	if c.Store == nil {
+		errs = append(errs, errors.New("store is nil"))
+	}
+	if c.Epoch == nil {
+		errs = append(errs, errors.New("epoch is nil"))
+	}
+	if c.Interval <= 0 {
+		errs = append(errs, fmt.Errorf("interval %v must be positive", c.Interval))
+	}
+	if c.Partitions < 1 {
+		errs = append(errs, fmt.Errorf("partitions %d must be at least 1", c.Partitions))
+	}
+	if err := c.Controller.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("sloctl: %w: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// held is the controller's state of a model it controls here.
+type held struct {
+	status overrides.SLOStatus
+	rev    uint64
+	epoch  uint64
+	// pool adds up the windows of intervals with too few samples (kept in
+	// memory only: a new holder starts pooling again).
+	pool slo.Pool
+}
+
+// Controller runs the SLO controllers of the models this monitor holds.
+type Controller struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+	// errs logs the failures of rounds at a limited rate (under mu).
+	errs *retry.ErrLog
+
+	// mu orders a round against the changes of the SLOs.
+	mu   sync.Mutex
+	slos map[string]overrides.SLO
+	held map[string]*held
+	// applied are the models whose thresholds this controller handed to
+	// the monitor.
+	applied map[string]bool
+}
+
+// New checks cfg and returns a Controller with its metrics registered.
+func New(cfg Config) (*Controller, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	c := &Controller{cfg: cfg, log: cfg.Logger, slos: map[string]overrides.SLO{}, held: map[string]*held{}, applied: map[string]bool{}}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	c.metrics = m
+	c.errs = retry.NewErrLog(c.log, slog.LevelWarn, "slo: controller round")
+	return c, nil
+}
+
+// SetSLO records a change of a model's SLO (the bucket's watcher and the
+// API call it). A deleted SLO, or one in shadow mode, gives the model's
+// thresholds back to the monitor at once.
+func (c *Controller) SetSLO(ctx context.Context, model string, v overrides.SLO, deleted bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if deleted {
+		delete(c.slos, model)
+		delete(c.held, model)
+		delete(c.applied, model)
+		c.metrics.forget(model)
+	} else {
+		c.slos[model] = v
+	}
+	if deleted || !v.Enforced() {
+		return c.cfg.Monitor.SetControlled(ctx, model, nil)
+	}
+	return nil
+}
+
+// Run runs a round every Interval until ctx ends, and between rounds
+// takes up the models of newly held partitions (Adopt) every tenth of it.
+func (c *Controller) Run(ctx context.Context) error {
+	t := time.NewTicker(c.cfg.Interval)
+	defer t.Stop()
+	adopt := time.NewTicker(max(c.cfg.Interval/10, 50*time.Millisecond))
+	defer adopt.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			c.Round(ctx)
+		case <-adopt.C:
+			c.Adopt(ctx)
+		}
+	}
+}
+
+// Round drains the latency windows and moves every held model's
+// thresholds once.
+func (c *Controller) Round(ctx context.Context) {
+	windows, err := c.cfg.Monitor.DrainLatency(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		c.errs.Fail(fmt.Errorf("read the latency windows: %w", err))
+		return
+	}
+	var first error
+	failed := 0
+	for model, v := range c.slos {
+		if err := c.step(ctx, model, v, windows[model]); err != nil {
+			failed++
+			if first == nil {
+				first = fmt.Errorf("model %q: %w", model, err)
+			}
+		}
+	}
+	if failed > 0 {
+		c.errs.Fail(first, "models_failed", failed)
+		return
+	}
+	c.errs.OK()
+}
+
+// step moves one model's thresholds.
+func (c *Controller) step(ctx context.Context, model string, v overrides.SLO, w *slo.Window) error {
+	epoch := c.cfg.Epoch(events.Partition(model, c.cfg.Partitions))
+	h := c.held[model]
+	if epoch == 0 {
+		// Not held (or the partition went to another monitor, which
+		// continues from the status).
+		return c.release(ctx, model)
+	}
+	if h == nil || h.epoch != epoch {
+		var err error
+		if h, err = c.adopt(ctx, model, v, epoch); h == nil || err != nil {
+			return err
+		}
+	}
+	if w == nil {
+		w = &slo.Window{}
+	}
+	w = h.pool.Window(w)
+	next, move := slo.Next(c.cfg.Controller, v.Target(), h.status.Controller, w)
+	h.pool.After(next, w)
+	st := overrides.SLOStatus{
+		Model: model, State: next.State, Suggested: next.Suggested, Measured: next.Measured,
+		UpdatedAt: c.cfg.Now().UnixNano(), MonitorID: c.cfg.MonitorID, Epoch: epoch, Controller: next,
+	}
+	if v.Enforced() {
+		applied := next.Suggested
+		st.Applied = &applied
+	}
+	rev, err := c.cfg.Store.PutStatus(ctx, st, h.rev)
+	if err != nil {
+		// Another writer, or the bucket away: read it again next round.
+		delete(c.held, model)
+		return err
+	}
+	h.status, h.rev = st, rev
+	var th *slo.Thresholds
+	if v.Enforced() {
+		th = st.Applied
+	}
+	if err := c.cfg.Monitor.SetControlled(ctx, model, th); err != nil {
+		return err
+	}
+	c.applied[model] = th != nil
+	c.metrics.observe(model, st, move)
+	return nil
+}
+
+// adopt starts controlling a model whose partition this monitor holds
+// under epoch: from its status in the bucket (a takeover continues from
+// there), else from the monitor's thresholds clamped into the ranges. Under
+// enforce the status's thresholds apply at once, before the first move. It
+// returns nil when a newer holder writes the status.
+func (c *Controller) adopt(ctx context.Context, model string, v overrides.SLO, epoch uint64) (*held, error) {
+	st, rev, err := c.cfg.Store.Status(ctx, model)
+	if err != nil && !errors.Is(err, overrides.ErrBadSLO) {
+		return nil, err
+	}
+	if rev != 0 && st.Epoch > epoch {
+		return nil, c.release(ctx, model) // a newer holder writes it
+	}
+	if rev == 0 || err != nil || st.Controller.Step == 0 {
+		base, err := c.cfg.Monitor.BaseThresholds(ctx, model)
+		if err != nil {
+			return nil, err
+		}
+		st = overrides.SLOStatus{Model: model, Controller: slo.Start(c.cfg.Controller, base.ActiveDecodeBlocks, base.ActivePrefillTokens)}
+	}
+	h := &held{status: st, rev: rev, epoch: epoch}
+	c.held[model] = h
+	if v.Enforced() && rev != 0 {
+		applied := st.Controller.Suggested
+		if err := c.cfg.Monitor.SetControlled(ctx, model, &applied); err != nil {
+			return h, err
+		}
+		c.applied[model] = true
+	}
+	return h, nil
+}
+
+// Adopt takes up, without moving them, the models whose partition this
+// monitor has come to hold since the last round, so that their thresholds
+// apply as soon as the partition is held rather than at the next round;
+// Run calls it between rounds.
+func (c *Controller) Adopt(ctx context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for model, v := range c.slos {
+		epoch := c.cfg.Epoch(events.Partition(model, c.cfg.Partitions))
+		if h := c.held[model]; epoch == 0 || h != nil && h.epoch == epoch {
+			continue
+		}
+		if _, err := c.adopt(ctx, model, v, epoch); err != nil {
+			c.errs.Fail(fmt.Errorf("take up model %q: %w", model, err))
+		}
+	}
+}
+
+// release forgets a model this monitor no longer controls and gives its
+// thresholds back to the monitor.
+func (c *Controller) release(ctx context.Context, model string) error {
+	delete(c.held, model)
+	if _, ok := c.applied[model]; !ok {
+		return nil
+	}
+	delete(c.applied, model)
+	c.metrics.forget(model)
+	return c.cfg.Monitor.SetControlled(ctx, model, nil)
+}
+
+// metrics are the controller's Prometheus collectors (contract §18).
+type metrics struct {
+	threshold  *prometheus.GaugeVec
+	attainment *prometheus.GaugeVec
+	moves      *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		threshold: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "workermon_slo_threshold",
+			Help: "Thresholds the SLO controller holds for a model, on the monitor that holds it: applied under enforce, suggested under shadow (threshold decode or prefill).",
+		}, []string{"model", "threshold"}),
+		attainment: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "workermon_slo_attainment",
+			Help: "Share of the last interval's samples at or under the target, by signal (ttft, itl).",
+		}, []string{"model", "signal"}),
+		moves: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "workermon_slo_moves_total",
+			Help: "Moves of the SLO controller by direction (up, down).",
+		}, []string{"model", "direction"}),
+	}
+	if reg != nil {
+		if err := promreg.All(reg, m.threshold, m.attainment, m.moves); err != nil {
+			return nil, fmt.Errorf("sloctl: metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) observe(model string, st overrides.SLOStatus, move slo.Move) {
+	m.threshold.WithLabelValues(model, "decode").Set(st.Suggested.Decode)
+	m.threshold.WithLabelValues(model, "prefill").Set(float64(st.Suggested.Prefill))
+	set := func(signal string, a *float64) {
+		if a == nil {
+			m.attainment.DeleteLabelValues(model, signal)
+			return
+		}
+		m.attainment.WithLabelValues(model, signal).Set(*a)
+	}
+	set("ttft", st.Measured.TTFTAttainment)
+	set("itl", st.Measured.ITLAttainment)
+	switch move {
+	case +1:
+		m.moves.WithLabelValues(model, "up").Inc()
+	case -1:
+		m.moves.WithLabelValues(model, "down").Inc()
+	}
+}
+
+func (m *metrics) forget(model string) {
+	m.threshold.DeletePartialMatch(prometheus.Labels{"model": model})
+	m.attainment.DeletePartialMatch(prometheus.Labels{"model": model})
+}
