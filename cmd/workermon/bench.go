@@ -143,6 +143,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return runServe(ctx, args[1:], stdout, stderr)
 		})
 	}
+	if len(args) > 0 && args[0] == "goodput" {
+		return runBenchGoodput(ctx, args[1:], stdout, stderr)
+	}
 	o := defaultBenchOptions()
 	log, err := parseCommand("bench", args, stderr, nil, o.flags, &o.log)
 	if err != nil {
