@@ -102,9 +102,10 @@ type Policy struct {
 	Router  RouterSpec
 	// Sweep, when set, makes the policy the best of a decode threshold
 	// sweep: each value is measured, the row with the highest goodput is
-	// kept. SweepOn, when set, limits the sweep to those scenarios.
-	Sweep   []float64
-	SweepOn []string
+	// kept.
+	Sweep []float64
+	// OnlyOn, when set, limits the policy to those scenarios.
+	OnlyOn []string
 	// Pending, when not empty, says why the policy is not measured yet
 	// (the section that defines it is not built): it is listed, not run.
 	Pending string
@@ -127,11 +128,11 @@ const ThresholdsDecode = 0.85
 var ThresholdsSweep = []float64{0.6, 0.75, 0.9}
 
 // Policies returns contract §16's policies, in the order of the results.
-// quick limits thresholds-best's sweep to ramp and shift.
+// quick runs thresholds-best on ramp and shift only.
 func Policies(quick bool) []Policy {
 	best := Policy{Name: PolicyThresholdsBest, Routers: []int{1}, Sweep: ThresholdsSweep}
 	if quick {
-		best.SweepOn = []string{ScenarioRamp, ScenarioShift}
+		best.OnlyOn = []string{ScenarioRamp, ScenarioShift}
 	}
 	return []Policy{
 		{Name: PolicyNone, Routers: []int{1}},
@@ -308,7 +309,7 @@ func Goodput(ctx context.Context, cfg GoodputConfig) (GoodputResult, error) {
 	slo := loadgen.SLO{TTFT: prof.SLO.TTFT, ITL: prof.SLO.ITL}
 	res := GoodputResult{SLO: SLOms{TTFT: ms(slo.TTFT), ITL: ms(slo.ITL)}, Profile: GoodputProfile,
 		Workers: GoodputWorkers, Seed: cfg.Seed, Seeds: cfg.Seeds, Scenario: cfg.Timings.Scenario, Results: []GoodputRow{}}
-	g := &goodput{cfg: cfg, slo: slo}
+	g := &goodput{cfg: cfg, slo: slo, done: map[string]GoodputRow{}}
 	cfg.Progress(fmt.Sprintf("%d %s workers; SLO: TTFT ≤ %v, TPOT ≤ %v (the profile's)", GoodputWorkers, GoodputProfile, slo.TTFT, slo.ITL))
 	if res.CapacityRPS = cfg.Capacity; res.CapacityRPS <= 0 {
 		if res.CapacityRPS, err = g.capacity(ctx); err != nil {
@@ -318,7 +319,7 @@ func Goodput(ctx context.Context, cfg GoodputConfig) (GoodputResult, error) {
 	cfg.Progress(fmt.Sprintf("capacity: %.2f requests/s", res.CapacityRPS))
 	for _, sc := range cfg.Scenarios {
 		for _, p := range cfg.Policies {
-			if p.Pending != "" {
+			if p.Pending != "" || len(p.OnlyOn) > 0 && !slices.Contains(p.OnlyOn, sc.Name) {
 				continue
 			}
 			for _, routers := range p.Routers {
@@ -342,22 +343,33 @@ func Goodput(ctx context.Context, cfg GoodputConfig) (GoodputResult, error) {
 type goodput struct {
 	cfg GoodputConfig
 	slo loadgen.SLO
+	// done keeps the rows measured, by scenario, thresholds and routers:
+	// a policy that runs the same configuration (thresholds-best off its
+	// sweep is thresholds) takes the row rather than measuring it again.
+	done map[string]GoodputRow
 }
 
 // policyRow measures sc under p with routers routers: the best of its
 // sweep, the median of its seeds.
 func (g *goodput) policyRow(ctx context.Context, sc Scenario, p Policy, routers int, capacity float64) (GoodputRow, error) {
 	decodes := []float64{0}
-	if len(p.Sweep) > 0 && (len(p.SweepOn) == 0 || slices.Contains(p.SweepOn, sc.Name)) {
+	if len(p.Sweep) > 0 {
 		decodes = p.Sweep
-	} else if len(p.Sweep) > 0 {
-		decodes = []float64{ThresholdsDecode} // not swept: the fixed value
 	}
 	var best GoodputRow
 	for i, d := range decodes {
 		spec := p.Monitor
 		if d > 0 {
 			spec.Thresholds.ActiveDecodeBlocks = events.Ptr(d)
+		}
+		key := fmt.Sprintf("%s/%s/%d", sc.Name, thresholdsText(spec.Thresholds), routers)
+		if row, ok := g.done[key]; ok {
+			g.cfg.Progress(fmt.Sprintf("%s under %s (%s), %d router(s): measured already", sc.Name, p.Name, thresholdsText(spec.Thresholds), routers))
+			row.Policy = p.Name
+			if i == 0 || row.GoodputRPS > best.GoodputRPS {
+				best = row
+			}
+			continue
 		}
 		var rows []GoodputRow
 		for s := range g.cfg.Seeds {
@@ -386,6 +398,7 @@ func (g *goodput) policyRow(ctx context.Context, sc Scenario, p Policy, routers 
 			rows = append(rows, row)
 		}
 		row := median(rows)
+		g.done[key] = row
 		if i == 0 || row.GoodputRPS > best.GoodputRPS {
 			best = row
 		}
