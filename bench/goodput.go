@@ -138,8 +138,8 @@ func Policies(quick bool) []Policy {
 		{Name: PolicyNone, Routers: []int{1}},
 		{Name: PolicyThresholds, Routers: []int{1}, Monitor: MonitorSpec{Thresholds: events.Thresholds{ActiveDecodeBlocks: events.Ptr(ThresholdsDecode)}}},
 		best,
-		{Name: PolicyQueue, Routers: []int{1, 3}, Pending: "the router's queue (section 17) is not built yet"},
-		{Name: PolicySLO, Routers: []int{1, 3}, Pending: "SLO-driven thresholds (section 18) are not built yet"},
+		{Name: PolicyQueue, Routers: []int{1, 3}, Pending: "the router's queue of section 17 (issue 25) is not built yet"},
+		{Name: PolicySLO, Routers: []int{1, 3}, Pending: "the SLO-driven thresholds of section 18 (issue 26) are not built yet"},
 	}
 }
 

@@ -31,7 +31,7 @@ func PrintGoodput(w io.Writer, r GoodputResult) {
 	}
 	_ = tw.Flush()
 	for _, p := range r.Pending {
-		fmt.Fprintf(w, "not measured yet: %s (%s)\n", p.Name, p.Pending)
+		fmt.Fprintf(w, "not measured yet: %s, %s\n", p.Name, p.Pending)
 	}
 	fmt.Fprintf(w, "\nthresholds: decode %g, prefill unset; thresholds-best: the best of decode %v per scenario. CPU: the host's, all cores.\n",
 		ThresholdsDecode, ThresholdsSweep)

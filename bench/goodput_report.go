@@ -49,7 +49,7 @@ td:first-child,th:first-child,td:nth-child(2),th:nth-child(2){text-align:left}
 	fmt.Fprintf(&b, "<h1>workermon bench goodput</h1>\n<p>%d simulated workers, engine profile <code>%s</code>; SLO: TTFT ≤ %g ms, TPOT ≤ %g ms; capacity %.2f requests/s; scenarios of %v; seed %d.</p>\n",
 		r.Workers, html.EscapeString(r.Profile), r.SLO.TTFT, r.SLO.ITL, r.CapacityRPS, r.Scenario, r.Seed)
 	for _, p := range r.Pending {
-		fmt.Fprintf(&b, "<p>Not measured yet: <code>%s</code> (%s).</p>\n", html.EscapeString(p.Name), html.EscapeString(p.Pending))
+		fmt.Fprintf(&b, "<p>Not measured yet: <code>%s</code>, %s.</p>\n", html.EscapeString(p.Name), html.EscapeString(p.Pending))
 	}
 	var scenarios []string
 	for _, row := range r.Results {
@@ -70,10 +70,13 @@ td:first-child,th:first-child,td:nth-child(2),th:nth-child(2){text-align:left}
 		}
 		b.WriteString("</div>\n<div class=\"charts\">\n")
 		offered := func(p Point) float64 { return p.TargetRPS }
-		b.WriteString(chart("requests/s: offered (grey) and goodput", rows, offered, func(p Point) float64 { return float64(p.Good) }, nil))
+		b.WriteString(chart("requests/s: offered (grey) and goodput, 3 s averages", rows, offered,
+			func(p Point) float64 { return float64(p.Good) }, nil, true))
 		slo := r.SLO.TTFT
-		b.WriteString(chart("TTFT p99, ms (dashed: the SLO)", rows, nil, func(p Point) float64 { return p.TTFTp99 }, &slo))
-		b.WriteString(chart("rejections/s (503 and 429)", rows, nil, func(p Point) float64 { return float64(p.Rejected) }, nil))
+		b.WriteString(chart("TTFT p99 of each second, ms (dashed: the SLO)", rows, nil,
+			func(p Point) float64 { return p.TTFTp99 }, &slo, false))
+		b.WriteString(chart("rejections/s (503 and 429), 3 s averages", rows, nil,
+			func(p Point) float64 { return float64(p.Rejected) }, nil, true))
 		b.WriteString("</div>\n<table><tr><th>policy</th><th>routers</th><th>goodput/s</th><th>% of capacity</th><th>TTFT p50</th><th>TTFT p99</th><th>TPOT p99</th><th>rejected</th><th>preemptions</th></tr>\n")
 		for _, row := range rows {
 			fmt.Fprintf(&b, "<tr><td>%s</td><td>%d</td><td>%.2f</td><td>%.0f %%</td><td>%s</td><td>%s</td><td>%s</td><td>%.1f %%</td><td>%d</td></tr>\n",
@@ -108,19 +111,36 @@ func containsString(s []string, v string) bool {
 
 // chart draws one SVG line chart: grey the reference line of ref (when
 // not nil), one coloured line per row of value, a dashed level at hline
-// (when not nil). NaN values leave gaps.
-func chart(title string, rows []GoodputRow, ref, value func(Point) float64, hline *float64) string {
+// (when not nil). NaN values leave gaps. smooth draws each second's value
+// as the average of the second before, itself and the second after:
+// Poisson arrivals make single seconds noisy.
+func chart(title string, rows []GoodputRow, ref, value func(Point) float64, hline *float64, smooth bool) string {
+	values := make([][]float64, len(rows))
+	for i, row := range rows {
+		values[i] = make([]float64, len(row.Series))
+		for j := range row.Series {
+			if !smooth {
+				values[i][j] = value(row.Series[j])
+				continue
+			}
+			sum, n := 0.0, 0
+			for k := max(0, j-1); k <= min(len(row.Series)-1, j+1); k++ {
+				sum += value(row.Series[k])
+				n++
+			}
+			values[i][j] = sum / float64(n)
+		}
+	}
 	const w, h, left, right, top, bottom = 380.0, 220.0, 44.0, 10.0, 10.0, 28.0
 	maxY, maxT := 0.0, 0.0
-	for _, row := range rows {
-		for _, p := range row.Series {
+	for i, row := range rows {
+		for j, p := range row.Series {
 			maxT = math.Max(maxT, p.T.Seconds()+1)
-			for _, f := range []func(Point) float64{ref, value} {
-				if f != nil {
-					if v := f(p); !math.IsNaN(v) {
-						maxY = math.Max(maxY, v)
-					}
-				}
+			if v := values[i][j]; !math.IsNaN(v) {
+				maxY = math.Max(maxY, v)
+			}
+			if ref != nil {
+				maxY = math.Max(maxY, ref(p))
 			}
 		}
 	}
@@ -148,11 +168,11 @@ func chart(title string, rows []GoodputRow, ref, value func(Point) float64, hlin
 	if hline != nil {
 		fmt.Fprintf(&b, "<line x1=\"%g\" x2=\"%g\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#888\" stroke-dasharray=\"4 3\"/>\n", left, w-right, y(*hline), y(*hline))
 	}
-	line := func(pts []Point, f func(Point) float64, color string, width float64) {
+	line := func(pts []Point, vs []float64, color string, width float64) {
 		var d strings.Builder
 		pen := false
-		for _, p := range pts {
-			v := f(p)
+		for i, p := range pts {
+			v := vs[i]
 			if math.IsNaN(v) {
 				pen = false
 				continue
@@ -169,10 +189,14 @@ func chart(title string, rows []GoodputRow, ref, value func(Point) float64, hlin
 		}
 	}
 	if ref != nil && len(rows) > 0 {
-		line(rows[0].Series, ref, "#888", 3)
+		vs := make([]float64, len(rows[0].Series))
+		for j, p := range rows[0].Series {
+			vs[j] = ref(p)
+		}
+		line(rows[0].Series, vs, "#888", 3)
 	}
 	for i, row := range rows {
-		line(row.Series, value, policyColors[i%len(policyColors)], 1.6)
+		line(row.Series, values[i], policyColors[i%len(policyColors)], 1.6)
 	}
 	fmt.Fprintf(&b, "</svg><figcaption>%s</figcaption></figure>\n", html.EscapeString(title))
 	return b.String()

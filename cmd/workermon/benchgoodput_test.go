@@ -29,6 +29,10 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 		Timings:   wmbench.Timings{Warmup: time.Second, Measure: time.Second, Scenario: 2 * time.Second},
 		Capacity:  3,
 		Scenarios: wmbench.Scenarios()[:1], // ramp
+		// The policies of the run, and one over three routers (as queue
+		// and slo will run).
+		Policies: append(wmbench.Policies(true), wmbench.Policy{Name: "three-routers", Routers: []int{3},
+			Monitor: wmbench.Policies(true)[1].Monitor}),
 		Seed:      7,
 		Progress:  func(s string) { _, _ = progress.Write([]byte(s + "\n")) },
 	})
@@ -38,14 +42,14 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 	var policies []string
 	for _, r := range res.Results {
 		policies = append(policies, r.Policy)
-		if r.Scenario != wmbench.ScenarioRamp || r.Routers != 1 {
-			t.Errorf("row %+v: want scenario ramp, 1 router", r)
+		if want := map[bool]int{true: 3, false: 1}[r.Policy == "three-routers"]; r.Scenario != wmbench.ScenarioRamp || r.Routers != want {
+			t.Errorf("row %+v: want scenario ramp, %d router(s)", r, want)
 		}
 		if len(r.Series) != 2 {
 			t.Errorf("row %s: %d points, want one a second of 2 s", r.Policy, len(r.Series))
 		}
 	}
-	if want := []string{"none", "thresholds", "thresholds-best"}; !slices.Equal(policies, want) {
+	if want := []string{"none", "thresholds", "thresholds-best", "three-routers"}; !slices.Equal(policies, want) {
 		t.Errorf("policies %v, want %v (queue and slo not measured yet)", policies, want)
 	}
 	if !strings.Contains(progress.String(), "decode 0.6") || !strings.Contains(progress.String(), "decode 0.9") {
@@ -75,8 +79,8 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 		t.Errorf("slo keys %v, want %v", got, want)
 	}
 	rows := doc["results"].([]any)
-	if len(rows) != 3 {
-		t.Fatalf("%d results, want 3", len(rows))
+	if len(rows) != 4 {
+		t.Fatalf("%d results, want 4", len(rows))
 	}
 	want := []string{"cpu_pct", "goodput_pct", "goodput_rps", "itl_p99_ms", "policy", "preemptions", "queue_wait_p99_ms",
 		"rejected_pct", "routers", "scenario", "ttft_p50_ms", "ttft_p99_ms"}
