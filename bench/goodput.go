@@ -205,6 +205,10 @@ type GoodputConfig struct {
 	// Capacity, when positive, is taken as the capacity instead of
 	// measuring it (tests).
 	Capacity float64
+	// MaxDrain, when positive, bounds the wait for the requests still in
+	// flight when the arrivals end (tests: those cut count as not good);
+	// 0 waits up to the client's timeout.
+	MaxDrain time.Duration
 	// Policies and Scenarios, when set, replace the defaults (tests).
 	Policies  []Policy
 	Scenarios []Scenario
@@ -397,7 +401,7 @@ func (g *goodput) policyRow(ctx context.Context, sc Scenario, p Policy, routers 
 			g.cfg.Progress(fmt.Sprintf("  goodput %.2f/s (%.0f %%), rejected %.0f %%, preemptions %d", row.GoodputRPS, row.GoodputPct, row.RejectedPct, row.Preemptions))
 			rows = append(rows, row)
 		}
-		row := median(rows)
+		row := rounded(median(rows))
 		g.done[key] = row
 		if i == 0 || row.GoodputRPS > best.GoodputRPS {
 			best = row
@@ -601,6 +605,14 @@ func median(rows []GoodputRow) GoodputRow {
 	out.ITLp99 = opt(func(r GoodputRow) *float64 { return r.ITLp99 })
 	out.QueueWaitP99 = opt(func(r GoodputRow) *float64 { return r.QueueWaitP99 })
 	return out
+}
+
+// rounded returns row with its rates and shares to 0.01.
+func rounded(row GoodputRow) GoodputRow {
+	for _, v := range []*float64{&row.GoodputRPS, &row.GoodputPct, &row.RejectedPct, &row.CPUPct} {
+		*v = math.Round(*v*100) / 100
+	}
+	return row
 }
 
 // thresholdsText names a policy's thresholds.

@@ -129,7 +129,11 @@ func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers i
 			cpu1, end = hostCPU(), nil
 			// The drain: the last requests end within the timeout.
 			go func() {
-				t := time.NewTimer(timeout + time.Second)
+				drain := timeout + time.Second
+				if g.cfg.MaxDrain > 0 {
+					drain = g.cfg.MaxDrain
+				}
+				t := time.NewTimer(drain)
 				defer t.Stop()
 				tick := time.NewTicker(50 * time.Millisecond)
 				defer tick.Stop()

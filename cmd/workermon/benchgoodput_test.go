@@ -22,19 +22,21 @@ import (
 // the rows, the JSON document of contract §16, the table and the report. No
 // figure is asserted: the machine is shared.
 func TestBenchGoodputPlumbing(t *testing.T) {
+	t.Parallel()
 	var progress syncbuf.Buffer
 	res, err := wmbench.Goodput(t.Context(), wmbench.GoodputConfig{
 		Stack:     goodputStack{log: slog.New(slog.DiscardHandler)},
 		Quick:     true,
 		Timings:   wmbench.Timings{Warmup: time.Second, Measure: time.Second, Scenario: 2 * time.Second},
 		Capacity:  3,
+		MaxDrain:  500 * time.Millisecond,
 		Scenarios: wmbench.Scenarios()[:1], // ramp
 		// The policies of the run, and one over three routers (as queue
 		// and slo will run).
 		Policies: append(wmbench.Policies(true), wmbench.Policy{Name: "three-routers", Routers: []int{3},
 			Monitor: wmbench.Policies(true)[1].Monitor}),
-		Seed:      7,
-		Progress:  func(s string) { _, _ = progress.Write([]byte(s + "\n")) },
+		Seed:     7,
+		Progress: func(s string) { _, _ = progress.Write([]byte(s + "\n")) },
 	})
 	if err != nil {
 		t.Fatalf("goodput: %v\nprogress:\n%s", err, progress.String())
