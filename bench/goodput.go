@@ -456,6 +456,9 @@ func (g *goodput) capacity(ctx context.Context) (float64, error) {
 		if hi > 0 && hi < 0.05 {
 			return 0, errors.New("bench: goodput: no rate keeps 99 % of the requests good")
 		}
+		if lo > 1000 {
+			return 0, errors.New("bench: goodput: over 1000 requests/s keep 99 % of the requests good: the engines are not saturating")
+		}
 	}
 	for hi/lo > 1+2*CapacityTolerance {
 		mid := (lo + hi) / 2
