@@ -2,7 +2,8 @@
 // router, or an engine — and counts what comes back.
 //
 // The load is open-loop: requests start on the schedule of the rate profile
-// (constant, or a triangle wave between two rates), evenly spaced or as a
+// (constant, a triangle wave between two rates, or any function of time: a
+// benchmark's scenario), evenly spaced or as a
 // seeded Poisson process, whatever the server does, up to a cap on the
 // requests in flight. Their prompt and output lengths are fixed or drawn
 // from a workload (chat, documents) with the same seed. A fraction of them
@@ -14,7 +15,8 @@
 // (Result.Good); the good ones make the goodput (Stats.Report). With a
 // priority mix each request carries a priority header (X-Workermon-Priority)
 // drawn from the mix with a seeded generator, and the answers are counted by
-// priority class too.
+// priority class too. A benchmark can see every request as it ends
+// (Config.OnDone) and change the workload over time (Config.WorkloadAt).
 //
 //	g, err := loadgen.New(cfg, logger)
 //	...
