@@ -25,7 +25,7 @@ type benchGoodputOptions struct {
 }
 
 func (o *benchGoodputOptions) flags(fs *flag.FlagSet) {
-	fs.BoolVar(&o.quick, "quick", false, "shorter windows (8 s after 3 s for the capacity, 12 s scenarios) and a smaller sweep: within 8 minutes on 2 cores")
+	fs.BoolVar(&o.quick, "quick", false, "shorter windows (8 s after 3 s for the capacity, 12 s scenarios), thresholds-best on ramp and shift only: within 8 minutes on 2 cores")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the figures as one JSON object")
 	fs.StringVar(&o.reportDir, "report", "", "directory to write report.html to: offered load, goodput, TTFT p99 and rejections over time, per scenario and policy")
 	fs.IntVar(&o.seeds, "seeds", 1, "run each row this many times (seeds --seed, --seed+1, ...) and report the medians")
