@@ -1,4 +1,19 @@
-// Package bench measures workermon in the shape it is deployed in: the
+// Package bench holds the benchmarks of `workermon bench`; cmd/workermon
+// only parses their flags and hands them the monitor and the routers it
+// builds.
+//
+// [InProcess] measures everything in one process: an embedded NATS server
+// and the monitor, the ingest, the report → record latency, a storm of
+// flips, the memory per rank and the router's admission decision, each
+// beside its raw NATS limit.
+//
+// [Goodput] measures goodput under overload (contract §16): a fleet of
+// simulated engines of the `tiny` profile, the routers and a load
+// generator, the capacity by bisection, then each scenario (ramp, burst,
+// shift) under each admission policy; [WriteReport] draws the runs over
+// time in a self-contained HTML page.
+//
+// [Run] measures workermon in the shape it is deployed in: the
 // engine's publisher, the monitor (`workermon serve` on its embedded NATS
 // server) and a watcher of the busy bucket, each in a process of its own,
 // every figure beside the raw NATS limit measured in the same topology (a

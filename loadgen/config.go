@@ -190,6 +190,35 @@ type Config struct {
 	// Transport carries the requests; nil means a transport of the
 	// generator's own, sized for Concurrency.
 	Transport http.RoundTripper
+
+	// RateFunc, when set, is the rate in requests per second at the time
+	// elapsed since the start of the run, in place of Profile's (a
+	// benchmark's scenario).
+	RateFunc func(elapsed time.Duration) float64
+	// WorkloadAt, when set, is the workload of a request offered at the
+	// time elapsed since the start, in place of Workload (chat, then
+	// documents); it returns WorkloadChat or WorkloadDocuments.
+	WorkloadAt func(elapsed time.Duration) Workload
+	// OnDone, when set, is called with every offered request once it has
+	// ended, or at once when it was dropped at the cap; from the
+	// request's goroutine, so it must be safe for concurrent use.
+	OnDone func(Sample)
+}
+
+// Sample is one offered request as Config.OnDone sees it.
+type Sample struct {
+	// Offered is when it was due, since the start of the run.
+	Offered time.Duration
+	// Dropped: not sent, Concurrency requests were in flight.
+	Dropped bool
+	// OK: a 200 answer read in full; Result holds the rest.
+	OK     bool
+	Result Result
+	// Good: it met Config.SLO (Result.Good).
+	Good bool
+	// Queued: it waited QueueWait in a router's queue (X-Workermon-Queued).
+	Queued    bool
+	QueueWait time.Duration
 }
 
 // DefaultConfig returns streamed completions of DefaultModel to
@@ -240,12 +269,13 @@ func (c Config) Validate() error {
 	if c.API != APICompletions && c.API != APIChat {
 		bad("API", "%q is neither %q nor %q", c.API, APICompletions, APIChat)
 	}
-	switch c.Profile {
-	case ProfileConstant:
+	switch {
+	case c.RateFunc != nil:
+	case c.Profile == ProfileConstant:
 		if !positive(c.RPS) {
 			bad("RPS", "%v is not a positive number", c.RPS)
 		}
-	case ProfileTriangle:
+	case c.Profile == ProfileTriangle:
 		if !(c.MinRPS >= 0) || math.IsInf(c.MinRPS, 0) {
 			bad("MinRPS", "%v is not a number at least 0", c.MinRPS)
 		}
@@ -319,6 +349,9 @@ func checkTarget(target string) error {
 // RateAt returns the target rate, in requests per second, at elapsed time
 // since the start of the run.
 func (c Config) RateAt(elapsed time.Duration) float64 {
+	if c.RateFunc != nil {
+		return c.RateFunc(elapsed)
+	}
 	if c.Profile != ProfileTriangle {
 		return c.RPS
 	}

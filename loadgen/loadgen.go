@@ -2,7 +2,8 @@
 // router, or an engine — and counts what comes back.
 //
 // The load is open-loop: requests start on the schedule of the rate profile
-// (constant, or a triangle wave between two rates), evenly spaced or as a
+// (constant, a triangle wave between two rates, or any function of time: a
+// benchmark's scenario), evenly spaced or as a
 // seeded Poisson process, whatever the server does, up to a cap on the
 // requests in flight. Their prompt and output lengths are fixed or drawn
 // from a workload (chat, documents) with the same seed. A fraction of them
@@ -14,7 +15,8 @@
 // (Result.Good); the good ones make the goodput (Stats.Report). With a
 // priority mix each request carries a priority header (X-Workermon-Priority)
 // drawn from the mix with a seeded generator, and the answers are counted by
-// priority class too.
+// priority class too. A benchmark can see every request as it ends
+// (Config.OnDone) and change the workload over time (Config.WorkloadAt).
 //
 //	g, err := loadgen.New(cfg, logger)
 //	...
@@ -110,6 +112,12 @@ func New(cfg Config, logger *slog.Logger) (*Generator, error) {
 		path = "/v1/chat/completions"
 	}
 	g.url = strings.TrimRight(cfg.Target, "/") + path
+	if cfg.WorkloadAt != nil {
+		chat, _ := WorkloadChat.Lengths()
+		docs, _ := WorkloadDocuments.Lengths()
+		g.lengths, g.prompt = chat, makePrompt(max(chat.PromptMax, docs.PromptMax))
+		return g, nil
+	}
 	if l, ok := cfg.Workload.Lengths(); ok {
 		g.lengths, g.prompt = l, makePrompt(l.PromptMax)
 		return g, nil
@@ -175,7 +183,7 @@ func (g *Generator) Run(ctx context.Context) error {
 						next = now.Add(schedulerTick)
 						break
 					}
-					g.launch(ctx, now, &wg, rng)
+					g.launch(ctx, now, next.Sub(start), &wg, rng)
 					next = next.Add(time.Duration(rng.ExpFloat64() / r * float64(time.Second)))
 				}
 				continue
@@ -183,7 +191,7 @@ func (g *Generator) Run(ctx context.Context) error {
 			credit = min(credit+rate*now.Sub(last).Seconds(), max(1, rate*maxBurstSeconds))
 			last = now
 			for ; credit >= 1; credit-- {
-				g.launch(ctx, now, &wg, rng)
+				g.launch(ctx, now, now.Sub(start), &wg, rng)
 			}
 		}
 	}
@@ -196,13 +204,18 @@ const arrivalStream = 0x6c656e67746873 // "lengths"
 // Stats returns a snapshot of the counters.
 func (g *Generator) Stats() Stats { return g.rec.stats(time.Now()) }
 
-// launch starts one request, or counts it dropped when the cap is reached.
-// rng draws its lengths; only Run's goroutine uses it.
-func (g *Generator) launch(ctx context.Context, now time.Time, wg *sync.WaitGroup, rng *rand.Rand) {
+// launch starts one request due at offered since the start, or counts it
+// dropped when the cap is reached. rng draws its lengths; only Run's
+// goroutine uses it.
+func (g *Generator) launch(ctx context.Context, now time.Time, offered time.Duration, wg *sync.WaitGroup, rng *rand.Rand) {
 	var body []byte
 	maxTokens := g.cfg.MaxTokens
 	model := int((g.next.Add(1) - 1) % uint64(len(g.cfg.Models)))
-	if l := g.lengths; l.PromptMax > 0 {
+	l := g.lengths
+	if g.cfg.WorkloadAt != nil {
+		l, _ = g.cfg.WorkloadAt(offered).Lengths()
+	}
+	if l.PromptMax > 0 {
 		// Drawn before the cap is checked, so that a seed gives the n-th
 		// offered request the same lengths whatever the server does.
 		prompt := l.PromptMin + rng.IntN(l.PromptMax-l.PromptMin+1)
@@ -219,6 +232,9 @@ func (g *Generator) launch(ctx context.Context, now time.Time, wg *sync.WaitGrou
 	case g.sem <- struct{}{}:
 	default:
 		g.rec.dropped(now)
+		if g.cfg.OnDone != nil {
+			g.cfg.OnDone(Sample{Offered: offered, Dropped: true})
+		}
 		return
 	}
 	class, header := noClass, ""
@@ -236,5 +252,9 @@ func (g *Generator) launch(ctx context.Context, now time.Time, wg *sync.WaitGrou
 		d := g.do(ctx, start, body, header, maxTokens)
 		d.class, d.start = class, now
 		g.rec.done(time.Now(), d)
+		if g.cfg.OnDone != nil {
+			g.cfg.OnDone(Sample{Offered: offered, OK: d.o == outOK, Result: d.res, Good: d.good,
+				Queued: d.queued, QueueWait: d.queueWait})
+		}
 	})
 }

@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	wmbench "github.com/workermon/workermon/bench"
 )
 
 // TestBenchCommand runs `workermon bench` small, with --json: every figure
@@ -18,7 +20,7 @@ func TestBenchCommand(t *testing.T) {
 	if err != nil {
 		t.Fatalf("bench: %v\n%s", err, stderr.String())
 	}
-	var r benchResult
+	var r wmbench.InProcessResult
 	if err := json.Unmarshal(stdout.Bytes(), &r); err != nil {
 		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
 	}

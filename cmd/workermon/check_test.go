@@ -106,6 +106,7 @@ func TestCheckEveryCommand(t *testing.T) {
 		{"slo set", []string{"slo", "set", "--monitor-url", httpURL, "--model", "m", "--itl-ms", "50"}, map[string]any{"model": "m"}},
 		{"slo delete", []string{"slo", "delete", "--monitor-url", httpURL, "--model", "m"}, nil},
 		{"bench", []string{"bench", "--reports", "10", "--rounds", "1"}, map[string]any{"reports": 10.0}},
+		{"bench goodput", []string{"bench", "goodput", "--quick", "--seeds", "3"}, map[string]any{"quick": true, "seeds": 3.0}},
 		{"nats-config", []string{"nats-config", "--partitions", "8"}, map[string]any{"partitions": 8.0}},
 		{"healthcheck", []string{"healthcheck", "--url", httpURL + "/healthz"}, map[string]any{"url": httpURL + "/healthz"}},
 		{"demo", []string{"demo", "--embedded-nats-addr", addr, "--monitor-addr", addr, "--router-addr", addr, "--data-dir", absent},
@@ -129,7 +130,7 @@ func TestCheckEveryCommand(t *testing.T) {
 				t.Errorf("more than one JSON value on stdout:\n%s", stdout)
 			}
 			wantName := tt.args[0]
-			if tt.args[0] == "thresholds" || tt.args[0] == "slo" {
+			if tt.args[0] == "thresholds" || tt.args[0] == "slo" || (tt.args[0] == "bench" && len(tt.args) > 1 && tt.args[1] == "goodput") {
 				wantName += " " + tt.args[1]
 			}
 			if r.Command != wantName || !r.Valid {
@@ -188,6 +189,7 @@ func TestCheckInvalid(t *testing.T) {
 		{"uncordon without model", []string{"uncordon", "--worker-id", "1"}, nil, "--model"},
 		{"slo set without target", []string{"slo", "set", "--model", "m"}, nil, "--itl-ms"},
 		{"bench reports", []string{"bench", "--reports", "0"}, nil, "--reports"},
+		{"bench goodput seeds", []string{"bench", "goodput", "--seeds", "0"}, nil, "--seeds"},
 		{"nats-config partitions", []string{"nats-config", "--partitions", "0"}, nil, "--partitions"},
 		{"healthcheck url", []string{"healthcheck", "--url", "ftp://x/"}, nil, "--url"},
 		{"demo workers", []string{"demo", "--workers", "0"}, nil, "Workers"},

@@ -36,7 +36,7 @@ func commands() []command {
 		{"scrape", "publish a stock engine's load (vLLM, SGLang) from its Prometheus /metrics page", runScrape},
 		{"cordon", "cordon a worker on a running monitor: listed busy, sent nothing new, its work moved off", runCordon},
 		{"uncordon", "lift a worker's cordon on a running monitor", runUncordon},
-		{"bench", "measure ingest, report-to-record latency, memory and admission on this machine beside the raw NATS limits", runBench},
+		{"bench", "measure ingest, report-to-record latency, memory and admission on this machine beside the raw NATS limits; bench goodput: goodput under overload per admission policy", runBench},
 		{"nats-config", "print the subject mappings an external NATS server needs for --partitions", runNATSConfig},
 		{"healthcheck", "GET a health URL and fail unless it answers 2xx (for container HEALTHCHECKs)", runHealthcheck},
 	}

@@ -1,14 +1,14 @@
 //go:build unix
 
-package main
+package bench
 
 import (
 	"syscall"
 	"time"
 )
 
-// cpuTime is the CPU time the process has used (user and system).
-func cpuTime() time.Duration {
+// selfCPU is the CPU time this process has used (user and system).
+func selfCPU() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0

@@ -1,0 +1,643 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/loadgen"
+	"github.com/workermon/workermon/sim"
+	"github.com/workermon/workermon/sim/stepengine"
+)
+
+// Defaults of the goodput benchmark (contract §16).
+const (
+	// GoodputWorkers is the size of the simulated fleet.
+	GoodputWorkers = 4
+	// GoodputProfile is the engine profile of its workers.
+	GoodputProfile = stepengine.ProfileTiny
+	// GoodputModel is the model they serve.
+	GoodputModel = "bench/goodput"
+	// DefaultGoodputSeed is the first seed of the arrivals.
+	DefaultGoodputSeed = 24
+)
+
+// Timings are the lengths of a goodput run's parts.
+type Timings struct {
+	// Warmup and Measure: a capacity trial counts the requests offered in
+	// [Warmup, Warmup+Measure).
+	Warmup, Measure time.Duration
+	// Scenario is the length of each scenario.
+	Scenario time.Duration
+}
+
+// FullTimings and QuickTimings are contract §16's.
+var (
+	FullTimings  = Timings{Warmup: 5 * time.Second, Measure: 20 * time.Second, Scenario: 30 * time.Second}
+	QuickTimings = Timings{Warmup: 3 * time.Second, Measure: 8 * time.Second, Scenario: 12 * time.Second}
+)
+
+// CapacityTolerance is the bisection's precision: capacity ± 5 %.
+const CapacityTolerance = 0.05
+
+// CapacityGoodFraction is the share of good requests a rate must keep to
+// be within capacity.
+const CapacityGoodFraction = 0.99
+
+// Stack starts the parts of a goodput run that cmd/workermon owns: the
+// monitor (with its embedded NATS server) and the routers, each configured
+// as a policy says.
+type Stack interface {
+	StartMonitor(ctx context.Context, spec MonitorSpec) (Monitor, error)
+	StartRouter(ctx context.Context, spec RouterSpec) (Router, error)
+}
+
+// MonitorSpec is how a policy configures the monitor.
+type MonitorSpec struct {
+	// Thresholds are the monitor's defaults; all unset, nothing is ever
+	// busy (contract §5) and the routers admit everything.
+	Thresholds events.Thresholds
+}
+
+// RouterSpec is how a policy configures one router.
+type RouterSpec struct {
+	// NATSURL is the monitor's NATS server.
+	NATSURL string
+	// ID names the router (bench-0, bench-1, ...).
+	ID string
+}
+
+// Monitor is a running monitor.
+type Monitor interface {
+	// NATSURL is the URL of its NATS server.
+	NATSURL() string
+	Close(ctx context.Context) error
+}
+
+// Router is a running router.
+type Router interface {
+	// URL is the base URL of its proxy (without /v1).
+	URL() string
+	Close(ctx context.Context) error
+}
+
+// Policy is an admission policy as the benchmark measures it: how the
+// monitor and the routers are configured, and with how many routers. A
+// policy of a later section (a router's queue, SLO-driven thresholds) adds
+// its fields to MonitorSpec and RouterSpec and a row here.
+type Policy struct {
+	// Name is the policy's name in the results.
+	Name string
+	// Routers is the router counts it runs with (one row each).
+	Routers []int
+	// Monitor and Router configure the parts; Router's NATSURL and ID are
+	// filled in.
+	Monitor MonitorSpec
+	Router  RouterSpec
+	// Sweep, when set, makes the policy the best of a decode threshold
+	// sweep: each value is measured, the row with the highest goodput is
+	// kept.
+	Sweep []float64
+	// OnlyOn, when set, limits the policy to those scenarios.
+	OnlyOn []string
+	// Pending, when not empty, says why the policy is not measured yet
+	// (the section that defines it is not built): it is listed, not run.
+	Pending string
+}
+
+// Names of the policies.
+const (
+	PolicyNone           = "none"
+	PolicyThresholds     = "thresholds"
+	PolicyThresholdsBest = "thresholds-best"
+	PolicyQueue          = "queue"
+	PolicySLO            = "slo"
+)
+
+// ThresholdsDecode is the `thresholds` policy's KV-cache threshold
+// (contract §16: named, not a version of Dynamo's default).
+const ThresholdsDecode = 0.85
+
+// ThresholdsSweep is the decode thresholds `thresholds-best` tries.
+var ThresholdsSweep = []float64{0.6, 0.75, 0.9}
+
+// Policies returns contract §16's policies, in the order of the results.
+// quick runs thresholds-best on ramp and shift only.
+func Policies(quick bool) []Policy {
+	best := Policy{Name: PolicyThresholdsBest, Routers: []int{1}, Sweep: ThresholdsSweep}
+	if quick {
+		best.OnlyOn = []string{ScenarioRamp, ScenarioShift}
+	}
+	return []Policy{
+		{Name: PolicyNone, Routers: []int{1}},
+		{Name: PolicyThresholds, Routers: []int{1}, Monitor: MonitorSpec{Thresholds: events.Thresholds{ActiveDecodeBlocks: events.Ptr(ThresholdsDecode)}}},
+		best,
+		{Name: PolicyQueue, Routers: []int{1, 3}, Pending: "the router's queue of section 17 (issue 25) is not built yet"},
+		{Name: PolicySLO, Routers: []int{1, 3}, Pending: "the SLO-driven thresholds of section 18 (issue 26) are not built yet"},
+	}
+}
+
+// Names of the scenarios.
+const (
+	ScenarioRamp  = "ramp"
+	ScenarioBurst = "burst"
+	ScenarioShift = "shift"
+)
+
+// Scenario is a load shape relative to the capacity.
+type Scenario struct {
+	Name string
+	// Rate is the offered rate at elapsed of length, as a fraction of the
+	// capacity.
+	Rate func(elapsed, length time.Duration) float64
+	// Workload is the workload at elapsed of length.
+	Workload func(elapsed, length time.Duration) loadgen.Workload
+}
+
+// Scenarios returns contract §16's scenarios.
+func Scenarios() []Scenario {
+	chat := func(time.Duration, time.Duration) loadgen.Workload { return loadgen.WorkloadChat }
+	return []Scenario{
+		{Name: ScenarioRamp, Workload: chat, Rate: func(t, length time.Duration) float64 {
+			// 50 % → 250 % → 50 %.
+			x := float64(t) / float64(length)
+			if x > 0.5 {
+				x = 1 - x
+			}
+			return 0.5 + 2*2*max(0, x)
+		}},
+		{Name: ScenarioBurst, Workload: chat, Rate: func(t, _ time.Duration) float64 {
+			// 70 %, ×10 for 2 s every 10 s (from 5 s to 7 s of each).
+			if p := t % (10 * time.Second); p >= 5*time.Second && p < 7*time.Second {
+				return 7
+			}
+			return 0.7
+		}},
+		{Name: ScenarioShift, Rate: func(time.Duration, time.Duration) float64 { return 0.7 },
+			Workload: func(t, length time.Duration) loadgen.Workload {
+				if t < length/2 {
+					return loadgen.WorkloadChat
+				}
+				return loadgen.WorkloadDocuments
+			}},
+	}
+}
+
+// GoodputConfig is one run of `workermon bench goodput`.
+type GoodputConfig struct {
+	// Stack starts the monitor and the routers.
+	Stack Stack
+	// Quick selects QuickTimings and the quick sweep.
+	Quick bool
+	// Timings, when not zero, replaces the timings Quick selects (tests).
+	Timings Timings
+	// Seeds is how many times each row runs (seeds Seed, Seed+1, ...); the
+	// figures are the medians.
+	Seeds int
+	// Seed is the first seed of the arrivals and lengths.
+	Seed uint64
+	// Capacity, when positive, is taken as the capacity instead of
+	// measuring it (tests).
+	Capacity float64
+	// MaxDrain, when positive, bounds the wait for the requests still in
+	// flight when the arrivals end (tests: those cut count as not good);
+	// 0 waits up to the client's timeout.
+	MaxDrain time.Duration
+	// Policies and Scenarios, when set, replace the defaults (tests).
+	Policies  []Policy
+	Scenarios []Scenario
+	// Log receives the parts' logs; nil discards them.
+	Log *slog.Logger
+	// Progress, when not nil, is told each step.
+	Progress func(string)
+}
+
+// GoodputResult is contract §16's document.
+type GoodputResult struct {
+	CapacityRPS float64      `json:"capacity_rps"`
+	SLO         SLOms        `json:"slo"`
+	Results     []GoodputRow `json:"results"`
+	// Pending lists the policies not measured yet, with why.
+	Pending []Policy `json:"-"`
+	// Profile, Workers, Seed and Seeds describe the run.
+	Profile string        `json:"-"`
+	Workers int           `json:"-"`
+	Seed    uint64        `json:"-"`
+	Seeds   int           `json:"-"`
+	Took    time.Duration `json:"-"`
+	// Scenario is its length.
+	Scenario time.Duration `json:"-"`
+}
+
+// SLOms are the latency targets in milliseconds.
+type SLOms struct {
+	TTFT float64 `json:"ttft_ms"`
+	ITL  float64 `json:"itl_ms"`
+}
+
+// GoodputRow is one scenario under one policy (contract §16). Times in
+// milliseconds; a percentile of nothing is null.
+type GoodputRow struct {
+	Scenario     string   `json:"scenario"`
+	Policy       string   `json:"policy"`
+	Routers      int      `json:"routers"`
+	GoodputRPS   float64  `json:"goodput_rps"`
+	GoodputPct   float64  `json:"goodput_pct"`
+	TTFTp50      *float64 `json:"ttft_p50_ms"`
+	TTFTp99      *float64 `json:"ttft_p99_ms"`
+	ITLp99       *float64 `json:"itl_p99_ms"`
+	RejectedPct  float64  `json:"rejected_pct"`
+	QueueWaitP99 *float64 `json:"queue_wait_p99_ms"`
+	Preemptions  uint64   `json:"preemptions"`
+	CPUPct       float64  `json:"cpu_pct"`
+	// Decode is the decode threshold of a thresholds row (the sweep's
+	// best for thresholds-best), 0 without one.
+	Decode float64 `json:"-"`
+	// Series is the row's course over time, one point a second (of the
+	// first seed), for the report.
+	Series []Point `json:"-"`
+}
+
+// Point is one second of a row, by the requests' arrival.
+type Point struct {
+	// T is the second's start since the scenario's.
+	T time.Duration
+	// TargetRPS is the offered rate the scenario asks for at T.
+	TargetRPS float64
+	// Offered, Good and Rejected count the requests that arrived in the
+	// second: offered, good, answered 503 or 429.
+	Offered, Good, Rejected int
+	// TTFTp99 is the TTFT p99 of the second's successful requests, in ms;
+	// NaN without one.
+	TTFTp99 float64
+}
+
+// Goodput runs the benchmark: the capacity, then every scenario under
+// every policy.
+func Goodput(ctx context.Context, cfg GoodputConfig) (GoodputResult, error) {
+	start := time.Now()
+	if cfg.Stack == nil {
+		return GoodputResult{}, fmt.Errorf("%w: no stack", ErrInvalidConfig)
+	}
+	if cfg.Seeds < 1 {
+		cfg.Seeds = 1
+	}
+	if cfg.Timings == (Timings{}) {
+		cfg.Timings = FullTimings
+		if cfg.Quick {
+			cfg.Timings = QuickTimings
+		}
+	}
+	if cfg.Policies == nil {
+		cfg.Policies = Policies(cfg.Quick)
+	}
+	if cfg.Scenarios == nil {
+		cfg.Scenarios = Scenarios()
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Progress == nil {
+		cfg.Progress = func(string) {}
+	}
+	prof, err := stepengine.LookupProfile(GoodputProfile)
+	if err != nil {
+		return GoodputResult{}, err
+	}
+	slo := loadgen.SLO{TTFT: prof.SLO.TTFT, ITL: prof.SLO.ITL}
+	res := GoodputResult{SLO: SLOms{TTFT: ms(slo.TTFT), ITL: ms(slo.ITL)}, Profile: GoodputProfile,
+		Workers: GoodputWorkers, Seed: cfg.Seed, Seeds: cfg.Seeds, Scenario: cfg.Timings.Scenario, Results: []GoodputRow{}}
+	g := &goodput{cfg: cfg, slo: slo, done: map[string]GoodputRow{}}
+	cfg.Progress(fmt.Sprintf("%d %s workers; SLO: TTFT ≤ %v, TPOT ≤ %v (the profile's)", GoodputWorkers, GoodputProfile, slo.TTFT, slo.ITL))
+	if res.CapacityRPS = cfg.Capacity; res.CapacityRPS <= 0 {
+		if res.CapacityRPS, err = g.capacity(ctx); err != nil {
+			return res, err
+		}
+	}
+	cfg.Progress(fmt.Sprintf("capacity: %.2f requests/s", res.CapacityRPS))
+	for _, sc := range cfg.Scenarios {
+		for _, p := range cfg.Policies {
+			if p.Pending != "" || len(p.OnlyOn) > 0 && !slices.Contains(p.OnlyOn, sc.Name) {
+				continue
+			}
+			for _, routers := range p.Routers {
+				row, err := g.policyRow(ctx, sc, p, routers, res.CapacityRPS)
+				if err != nil {
+					return res, err
+				}
+				res.Results = append(res.Results, row)
+			}
+		}
+	}
+	for _, p := range cfg.Policies {
+		if p.Pending != "" {
+			res.Pending = append(res.Pending, p)
+		}
+	}
+	res.Took = time.Since(start)
+	return res, nil
+}
+
+type goodput struct {
+	cfg GoodputConfig
+	slo loadgen.SLO
+	// done keeps the rows measured, by scenario, thresholds and routers:
+	// a policy that runs the same configuration (thresholds-best off its
+	// sweep is thresholds) takes the row rather than measuring it again.
+	done map[string]GoodputRow
+}
+
+// policyRow measures sc under p with routers routers: the best of its
+// sweep, the median of its seeds.
+func (g *goodput) policyRow(ctx context.Context, sc Scenario, p Policy, routers int, capacity float64) (GoodputRow, error) {
+	decodes := []float64{0}
+	if len(p.Sweep) > 0 {
+		decodes = p.Sweep
+	}
+	var best GoodputRow
+	for i, d := range decodes {
+		spec := p.Monitor
+		if d > 0 {
+			spec.Thresholds.ActiveDecodeBlocks = events.Ptr(d)
+		}
+		key := fmt.Sprintf("%s/%s/%d", sc.Name, thresholdsText(spec.Thresholds), routers)
+		if row, ok := g.done[key]; ok {
+			g.cfg.Progress(fmt.Sprintf("%s under %s (%s), %d router(s): measured already", sc.Name, p.Name, thresholdsText(spec.Thresholds), routers))
+			row.Policy = p.Name
+			if i == 0 || row.GoodputRPS > best.GoodputRPS {
+				best = row
+			}
+			continue
+		}
+		var rows []GoodputRow
+		for s := range g.cfg.Seeds {
+			seed := g.cfg.Seed + uint64(s)
+			g.cfg.Progress(fmt.Sprintf("%s under %s (%s), %d router(s), seed %d", sc.Name, p.Name, thresholdsText(spec.Thresholds), routers, seed))
+			samples, run, err := g.run(ctx, p, spec, routers, seed, loadShape{
+				rate: func(t time.Duration) float64 { return capacity * sc.Rate(t, g.cfg.Timings.Scenario) },
+				workload: func(t time.Duration) loadgen.Workload {
+					return sc.Workload(t, g.cfg.Timings.Scenario)
+				},
+				length: g.cfg.Timings.Scenario,
+			})
+			if err != nil {
+				return GoodputRow{}, err
+			}
+			row := summarize(samples, 0, g.cfg.Timings.Scenario, capacity)
+			row.Scenario, row.Policy, row.Routers = sc.Name, p.Name, routers
+			row.Preemptions, row.CPUPct = run.preemptions, run.cpuPct
+			if v := spec.Thresholds.ActiveDecodeBlocks; v != nil {
+				row.Decode = *v
+			}
+			row.Series = series(samples, g.cfg.Timings.Scenario, func(t time.Duration) float64 {
+				return capacity * sc.Rate(t, g.cfg.Timings.Scenario)
+			})
+			g.cfg.Progress(fmt.Sprintf("  goodput %.2f/s (%.0f %%), rejected %.0f %%, preemptions %d", row.GoodputRPS, row.GoodputPct, row.RejectedPct, row.Preemptions))
+			rows = append(rows, row)
+		}
+		row := rounded(median(rows))
+		g.done[key] = row
+		if i == 0 || row.GoodputRPS > best.GoodputRPS {
+			best = row
+		}
+	}
+	return best, nil
+}
+
+// capacity bisects, under policy none with one router and the chat
+// workload, to the highest constant rate at which CapacityGoodFraction of
+// the requests offered in the measured window are good.
+func (g *goodput) capacity(ctx context.Context) (float64, error) {
+	t := g.cfg.Timings
+	none := Policy{Name: PolicyNone}
+	trial := func(rate float64) (bool, error) {
+		g.cfg.Progress(fmt.Sprintf("capacity: %.2f requests/s for %v after %v", rate, t.Measure, t.Warmup))
+		samples, _, err := g.run(ctx, none, MonitorSpec{}, 1, g.cfg.Seed, loadShape{
+			rate:     func(time.Duration) float64 { return rate },
+			workload: func(time.Duration) loadgen.Workload { return loadgen.WorkloadChat },
+			length:   t.Warmup + t.Measure,
+		})
+		if err != nil {
+			return false, err
+		}
+		offered, good := 0, 0
+		for _, s := range samples {
+			if s.Offered >= t.Warmup && s.Offered < t.Warmup+t.Measure {
+				offered++
+				if s.Good {
+					good++
+				}
+			}
+		}
+		frac := float64(good) / float64(max(offered, 1))
+		g.cfg.Progress(fmt.Sprintf("  %d of %d good (%.1f %%)", good, offered, 100*frac))
+		return offered > 0 && frac >= CapacityGoodFraction, nil
+	}
+	// A first guess from the profile's closed-loop figure (docs/sim.md):
+	// about 2.5 chat requests/s a worker.
+	lo, hi := 0.0, 0.0
+	r := 2.5 * GoodputWorkers
+	for lo == 0 || hi == 0 {
+		ok, err := trial(r)
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			lo, r = r, r*1.5
+		} else {
+			hi, r = r, r/1.5
+		}
+		if hi > 0 && hi < 0.05 {
+			return 0, errors.New("bench: goodput: no rate keeps 99 % of the requests good")
+		}
+		if lo > 1000 {
+			return 0, errors.New("bench: goodput: over 1000 requests/s keep 99 % of the requests good: the engines are not saturating")
+		}
+	}
+	for hi/lo > 1+2*CapacityTolerance {
+		mid := (lo + hi) / 2
+		ok, err := trial(mid)
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo, nil
+}
+
+// summarize computes a row's figures over the requests offered in [from,
+// from+length).
+func summarize(samples []loadgen.Sample, from, length time.Duration, capacity float64) GoodputRow {
+	var offered, good, rejected int
+	var ttft, tpot, wait []time.Duration
+	for _, s := range samples {
+		if s.Offered < from || s.Offered >= from+length {
+			continue
+		}
+		offered++
+		if s.Good {
+			good++
+		}
+		switch s.Result.Status {
+		case 503, 429:
+			rejected++
+		}
+		if s.OK {
+			ttft = append(ttft, s.Result.TTFT)
+			if d, ok := s.Result.TPOT(); ok {
+				tpot = append(tpot, d)
+			}
+		}
+		if s.Queued {
+			wait = append(wait, s.QueueWait)
+		}
+	}
+	row := GoodputRow{GoodputRPS: float64(good) / length.Seconds()}
+	if capacity > 0 {
+		row.GoodputPct = 100 * row.GoodputRPS / capacity
+	}
+	if offered > 0 {
+		row.RejectedPct = 100 * float64(rejected) / float64(offered)
+	}
+	row.TTFTp50, row.TTFTp99 = pct(ttft, 50), pct(ttft, 99)
+	row.ITLp99, row.QueueWaitP99 = pct(tpot, 99), pct(wait, 99)
+	return row
+}
+
+// series is a row's course, one point a second of length.
+func series(samples []loadgen.Sample, length time.Duration, target func(time.Duration) float64) []Point {
+	n := int(math.Ceil(length.Seconds()))
+	pts := make([]Point, n)
+	ttfts := make([][]time.Duration, n)
+	for i := range pts {
+		pts[i].T = time.Duration(i) * time.Second
+		pts[i].TargetRPS = target(pts[i].T + time.Second/2)
+	}
+	for _, s := range samples {
+		i := int(s.Offered / time.Second)
+		if i < 0 || i >= n {
+			continue
+		}
+		pts[i].Offered++
+		if s.Good {
+			pts[i].Good++
+		}
+		if st := s.Result.Status; st == 503 || st == 429 {
+			pts[i].Rejected++
+		}
+		if s.OK {
+			ttfts[i] = append(ttfts[i], s.Result.TTFT)
+		}
+	}
+	for i := range pts {
+		pts[i].TTFTp99 = math.NaN()
+		if p := pct(ttfts[i], 99); p != nil {
+			pts[i].TTFTp99 = *p
+		}
+	}
+	return pts
+}
+
+// pct is the p-th percentile (nearest rank) of d in milliseconds, nil
+// when d is empty.
+func pct(d []time.Duration, p int) *float64 {
+	if len(d) == 0 {
+		return nil
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := int(math.Ceil(float64(p)/100*float64(len(s)))) - 1
+	v := math.Round(ms(s[max(0, min(i, len(s)-1))])*10) / 10
+	return &v
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// median returns the row whose figures are the medians of rows' (the
+// series of the first).
+func median(rows []GoodputRow) GoodputRow {
+	if len(rows) == 1 {
+		return rows[0]
+	}
+	out := rows[0]
+	f := func(get func(GoodputRow) float64) float64 {
+		v := make([]float64, len(rows))
+		for i, r := range rows {
+			v[i] = get(r)
+		}
+		slices.Sort(v)
+		if len(v)%2 == 1 {
+			return v[len(v)/2]
+		}
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	opt := func(get func(GoodputRow) *float64) *float64 {
+		var v []float64
+		for _, r := range rows {
+			if p := get(r); p != nil {
+				v = append(v, *p)
+			}
+		}
+		if len(v) == 0 {
+			return nil
+		}
+		slices.Sort(v)
+		m := v[len(v)/2]
+		if len(v)%2 == 0 {
+			m = (v[len(v)/2-1] + v[len(v)/2]) / 2
+		}
+		return &m
+	}
+	out.GoodputRPS = f(func(r GoodputRow) float64 { return r.GoodputRPS })
+	out.GoodputPct = f(func(r GoodputRow) float64 { return r.GoodputPct })
+	out.RejectedPct = f(func(r GoodputRow) float64 { return r.RejectedPct })
+	out.CPUPct = f(func(r GoodputRow) float64 { return r.CPUPct })
+	out.Preemptions = uint64(math.Round(f(func(r GoodputRow) float64 { return float64(r.Preemptions) })))
+	out.TTFTp50 = opt(func(r GoodputRow) *float64 { return r.TTFTp50 })
+	out.TTFTp99 = opt(func(r GoodputRow) *float64 { return r.TTFTp99 })
+	out.ITLp99 = opt(func(r GoodputRow) *float64 { return r.ITLp99 })
+	out.QueueWaitP99 = opt(func(r GoodputRow) *float64 { return r.QueueWaitP99 })
+	return out
+}
+
+// rounded returns row with its rates and shares to 0.01.
+func rounded(row GoodputRow) GoodputRow {
+	for _, v := range []*float64{&row.GoodputRPS, &row.GoodputPct, &row.RejectedPct, &row.CPUPct} {
+		*v = math.Round(*v*100) / 100
+	}
+	return row
+}
+
+// thresholdsText names a policy's thresholds.
+func thresholdsText(t events.Thresholds) string {
+	if t.ActiveDecodeBlocks == nil && t.ActivePrefillTokens == nil && t.ActivePrefillTokensFrac == nil {
+		return "no thresholds"
+	}
+	s := ""
+	if t.ActiveDecodeBlocks != nil {
+		s = "decode " + strconv.FormatFloat(*t.ActiveDecodeBlocks, 'g', -1, 64)
+	}
+	if t.ActivePrefillTokens != nil {
+		s += " prefill " + strconv.FormatUint(*t.ActivePrefillTokens, 10)
+	}
+	return s
+}
+
+// fleetConfig is the benchmark's fleet on natsURL.
+func fleetConfig(natsURL string) sim.FleetConfig {
+	c := sim.DefaultFleetConfig()
+	c.Model, c.Workers, c.Ranks = GoodputModel, GoodputWorkers, 1
+	c.Engine.Profile = GoodputProfile
+	c.NATS.URL = natsURL
+	return c
+}

@@ -1,0 +1,49 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+	"time"
+)
+
+// PrintGoodput writes r as a table, one row per scenario and policy, and
+// names the policies not measured yet.
+func PrintGoodput(w io.Writer, r GoodputResult) {
+	fmt.Fprintf(w, "workermon bench goodput: %d simulated workers (engine profile %s), one process, seed %d", r.Workers, r.Profile, r.Seed)
+	if r.Seeds > 1 {
+		fmt.Fprintf(w, ", medians of %d seeds", r.Seeds)
+	}
+	fmt.Fprintf(w, "\nSLO (the profile's): TTFT ≤ %g ms, TPOT ≤ %g ms\n", r.SLO.TTFT, r.SLO.ITL)
+	fmt.Fprintf(w, "capacity (policy none, 1 router, chat, ≥ 99 %% good): %.2f requests/s\n", r.CapacityRPS)
+	fmt.Fprintf(w, "scenarios of %v: ramp 50 %% → 250 %% → 50 %% of capacity; burst 70 %% with 10× for 2 s every 10 s; shift 70 %%, chat then documents\n\n", r.Scenario)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\tpolicy\trouters\tgoodput/s\t% of cap.\tTTFT p50\tTTFT p99\tTPOT p99\trejected\tqueue p99\tpreempt.\tCPU\t")
+	for _, row := range r.Results {
+		policy := row.Policy
+		if row.Policy == PolicyThresholdsBest {
+			policy += " (" + strconv.FormatFloat(row.Decode, 'g', -1, 64) + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.0f %%\t%s\t%s\t%s\t%.1f %%\t%s\t%d\t%.0f %%\t\n", row.Scenario, policy, row.Routers,
+			row.GoodputRPS, row.GoodputPct, msText(row.TTFTp50), msText(row.TTFTp99), msText(row.ITLp99), row.RejectedPct,
+			msText(row.QueueWaitP99), row.Preemptions, row.CPUPct)
+	}
+	_ = tw.Flush()
+	for _, p := range r.Pending {
+		fmt.Fprintf(w, "not measured yet: %s, %s\n", p.Name, p.Pending)
+	}
+	fmt.Fprintf(w, "\nthresholds: decode %g, prefill unset; thresholds-best: the best of decode %v per scenario. CPU: the host's, all cores.\n",
+		ThresholdsDecode, ThresholdsSweep)
+	if r.Took > 0 {
+		fmt.Fprintf(w, "took %v\n", r.Took.Round(time.Second))
+	}
+}
+
+// msText renders a time in ms, "-" when unknown.
+func msText(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f ms", *v)
+}

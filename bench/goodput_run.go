@@ -1,0 +1,274 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/loadgen"
+	"github.com/workermon/workermon/sim"
+)
+
+// readyTimeout bounds the wait for the parts of a row to see each other.
+const readyTimeout = time.Minute
+
+// closeTimeout bounds the shutdown of a row's parts.
+const closeTimeout = 10 * time.Second
+
+// loadShape is what the load generator offers over length.
+type loadShape struct {
+	rate     func(time.Duration) float64
+	workload func(time.Duration) loadgen.Workload
+	length   time.Duration
+}
+
+// runStats is what a row measures beside the requests.
+type runStats struct {
+	preemptions uint64
+	cpuPct      float64
+}
+
+// run starts a fresh monitor configured by spec, the fleet and routers
+// routers of p, offers shape to them (spread over the routers in turn),
+// waits for the requests in flight and stops everything. It returns every
+// offered request.
+func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers int, seed uint64, shape loadShape) (_ []loadgen.Sample, st runStats, err error) {
+	var closers []func(context.Context) error
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+		defer cancel()
+		for i := len(closers) - 1; i >= 0; i-- {
+			err = errors.Join(err, closers[i](cctx))
+		}
+	}()
+	mon, err := g.cfg.Stack.StartMonitor(ctx, spec)
+	if err != nil {
+		return nil, st, fmt.Errorf("bench: goodput: monitor: %w", err)
+	}
+	closers = append(closers, mon.Close)
+	fleet, err := sim.NewFleet(ctx, fleetConfig(mon.NATSURL()), g.cfg.Log.With("part", "sim"))
+	if err != nil {
+		return nil, st, fmt.Errorf("bench: goodput: %w", err)
+	}
+	closers = append(closers, fleet.Close)
+	var urls []string
+	for i := range routers {
+		rs := p.Router
+		rs.NATSURL, rs.ID = mon.NATSURL(), "bench-"+strconv.Itoa(i)
+		r, err := g.cfg.Stack.StartRouter(ctx, rs)
+		if err != nil {
+			return nil, st, fmt.Errorf("bench: goodput: router: %w", err)
+		}
+		closers = append(closers, r.Close)
+		urls = append(urls, r.URL())
+	}
+	if err := waitFleet(ctx, mon.NATSURL(), urls); err != nil {
+		return nil, st, err
+	}
+
+	// The client gives up on a request that can no longer be good: the
+	// longest a good one takes is TTFT + ITL × (the longest output − 1).
+	chat, _ := loadgen.WorkloadChat.Lengths()
+	timeout := g.slo.TTFT + g.slo.ITL*time.Duration(chat.OutputMax-1) + time.Second
+	lc := loadgen.DefaultConfig()
+	lc.Target, lc.Models = urls[0], []string{GoodputModel}
+	lc.Stream, lc.Arrivals, lc.Seed, lc.SLO, lc.Timeout = true, loadgen.ArrivalsPoisson, seed, g.slo, timeout
+	lc.CancelFraction, lc.Concurrency = 0, 4096
+	lc.WorkloadAt = shape.workload
+	lc.RateFunc = func(t time.Duration) float64 {
+		if t >= shape.length {
+			return 0 // arrivals end; the requests in flight finish
+		}
+		return shape.rate(t)
+	}
+	var mu sync.Mutex
+	var samples []loadgen.Sample
+	lc.OnDone = func(s loadgen.Sample) {
+		mu.Lock()
+		samples = append(samples, s)
+		mu.Unlock()
+	}
+	transport := newSpread(urls)
+	defer transport.CloseIdleConnections()
+	lc.Transport = transport
+	gen, err := loadgen.New(lc, nil)
+	if err != nil {
+		return nil, st, err
+	}
+	preempted := func() uint64 {
+		var n uint64
+		for _, w := range fleet.Stats() {
+			for _, r := range w.Ranks {
+				n += r.Preemptions
+			}
+		}
+		return n
+	}
+	p0, cpu0 := preempted(), hostCPU()
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- gen.Run(lctx) }()
+	end := time.After(shape.length)
+	var cpu1 cpuSample
+	drained := false
+	for !drained {
+		select {
+		case <-end:
+			cpu1, end = hostCPU(), nil
+			// The drain: the last requests end within the timeout.
+			go func() {
+				drain := timeout + time.Second
+				if g.cfg.MaxDrain > 0 {
+					drain = g.cfg.MaxDrain
+				}
+				t := time.NewTimer(drain)
+				defer t.Stop()
+				tick := time.NewTicker(50 * time.Millisecond)
+				defer tick.Stop()
+				for {
+					select {
+					case <-tick.C:
+						if gen.Stats().InFlight == 0 {
+							cancel()
+							return
+						}
+					case <-t.C:
+						cancel()
+						return
+					case <-lctx.Done():
+						return
+					}
+				}
+			}()
+		case err := <-done:
+			if err != nil {
+				return nil, st, err
+			}
+			drained = true
+		case <-ctx.Done():
+			<-done
+			return nil, st, ctx.Err()
+		}
+	}
+	st.preemptions = preempted() - p0
+	st.cpuPct = cpu0.busyPct(cpu1)
+	mu.Lock()
+	defer mu.Unlock()
+	return samples, st, nil
+}
+
+// waitFleet waits until the busy list shows every worker free, the
+// registry lists them all and every router answers a request.
+func waitFleet(ctx context.Context, natsURL string, routers []string) error {
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	nc, err := nats.Connect(natsURL, nats.Name("workermon-bench-goodput"))
+	if err != nil {
+		return fmt.Errorf("bench: goodput: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ready := func() bool {
+		busy, err := js.KeyValue(ctx, events.BusyBucket)
+		if err != nil {
+			return false
+		}
+		e, err := busy.Get(ctx, events.ModelKey(GoodputModel))
+		if err != nil {
+			return false
+		}
+		rec, err := events.DecodeBusySet(e.Value())
+		if err != nil || len(rec.Free) != GoodputWorkers {
+			return false
+		}
+		reg, err := js.KeyValue(ctx, events.WorkersBucket)
+		if err != nil {
+			return false
+		}
+		keys, err := reg.ListKeys(ctx)
+		if err != nil {
+			return false
+		}
+		n := 0
+		for range keys.Keys() {
+			n++
+		}
+		if n < GoodputWorkers {
+			return false
+		}
+		for _, u := range routers {
+			if !probe(ctx, u) {
+				return false
+			}
+		}
+		return true
+	}
+	for !ready() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("bench: goodput: the monitor, the workers and the routers did not see each other within %v", readyTimeout)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// probe sends one short completion through a router.
+func probe(ctx context.Context, base string) bool {
+	body := `{"model":"` + GoodputModel + `","prompt":"ready?","max_tokens":1}`
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", strings.NewReader(body))
+	if err != nil {
+		return false
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// spread is a transport that sends each request to the next router in
+// turn: the load of several routers over the same bucket.
+type spread struct {
+	hosts []string
+	next  atomic.Uint64
+	t     *http.Transport
+}
+
+func newSpread(urls []string) *spread {
+	s := &spread{t: http.DefaultTransport.(*http.Transport).Clone()}
+	s.t.MaxIdleConns, s.t.MaxIdleConnsPerHost = 4096, 4096
+	for _, u := range urls {
+		pu, _ := url.Parse(u)
+		s.hosts = append(s.hosts, pu.Host)
+	}
+	return s
+}
+
+func (s *spread) RoundTrip(r *http.Request) (*http.Response, error) {
+	if len(s.hosts) > 1 {
+		r = r.Clone(r.Context())
+		r.URL.Host = s.hosts[(s.next.Add(1)-1)%uint64(len(s.hosts))]
+		r.Host = r.URL.Host
+	}
+	return s.t.RoundTrip(r)
+}
+
+func (s *spread) CloseIdleConnections() { s.t.CloseIdleConnections() }
