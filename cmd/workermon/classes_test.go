@@ -119,7 +119,8 @@ func runClassScenario(t *testing.T, classes bool) classRun {
 // TestPriorityClassesFigures runs the scenario twice with the same seed,
 // with classes and with every request at priority 0, and checks what the
 // classes are for: standard requests rejected at most a third as often as
-// sheddable ones, critical requests almost never (at most 2 %), and the
+// sheddable ones, critical requests almost never (at most 2 %, or one
+// request), and the
 // standard requests' TTFT p99 no worse than without classes. TTFT on a
 // shared machine is noisy, so the last is checked with a tolerance: at most
 // 25 % and 20 ms above the run without classes. The table goes to the log
@@ -158,8 +159,12 @@ func TestPriorityClassesFigures(t *testing.T) {
 	if rejectedOf(std) > rejectedOf(shed)/3 {
 		t.Errorf("standard requests rejected %.1f %%, sheddable %.1f %%: want at most a third", 100*rejectedOf(std), 100*rejectedOf(shed))
 	}
-	if rejectedOf(crit) > 0.02 {
-		t.Errorf("critical requests rejected %.1f %%: want almost never (≤ 2 %%)", 100*rejectedOf(crit))
+	// The step engine takes KV blocks as requests grow, so at the peak a
+	// worker can pass the hard level for a moment: "almost never" is at
+	// most 2 % or one request, whichever is more (the test sends about 30).
+	if n := crit.TooMany + crit.Unavailable; n > max(1, crit.Sent/50) {
+		t.Errorf("critical requests rejected %d of %d (%.1f %%): want almost never (≤ 2 %% or one request)",
+			n, crit.Sent, 100*rejectedOf(crit))
 	}
 	if rejectedOf(without.byClass(admission.ClassStandard)) < 0.05 {
 		t.Errorf("without classes standard requests were rejected %.1f %%: the ramp did not overload the fleet",
