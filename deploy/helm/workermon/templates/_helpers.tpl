@@ -159,6 +159,8 @@ mappings {
   {{ printf "%q: %q" (printf "%s.load.*.*.*" $pre) (printf "%s.part.{{partition(%d,1)}}.load.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}" $pre $p) }}
   {{ printf "%q: %q" (printf "%s.bye.*.*" $pre) (printf "%s.part.{{partition(%d,1)}}.bye.{{wildcard(1)}}.{{wildcard(2)}}" $pre $p) }}
   {{ printf "%q: %q" (printf "%s.est.*.*.*" $pre) (printf "%s.part.{{partition(%d,1)}}.est.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}" $pre $p) }}
+  {{ printf "%q: %q" (printf "%s.lat.*.*" $pre) (printf "%s.part.{{partition(%d,1)}}.lat.{{wildcard(1)}}.{{wildcard(2)}}" $pre $p) }}
+  {{ printf "%q: %q" (printf "%s.latr.*.*" $pre) (printf "%s.part.{{partition(%d,1)}}.latr.{{wildcard(1)}}.{{wildcard(2)}}" $pre $p) }}
 }
 {{- end }}
 {{- end -}}
