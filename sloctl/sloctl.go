@@ -30,6 +30,23 @@ import (
 // DefaultInterval is --slo-interval: at most one move per interval.
 const DefaultInterval = 2 * time.Second
 
+// maxBackoff caps the wait between rounds while the SLO bucket cannot be
+// reached.
+const maxBackoff = 30 * time.Second
+
+// bucketError marks a failure to reach the SLO bucket (not a conflict, not
+// a bad value): every other model's call would wait for the same timeout,
+// so the round stops there and Run backs off.
+type bucketError struct{ err error }
+
+func (e bucketError) Error() string { return e.err.Error() }
+func (e bucketError) Unwrap() error { return e.err }
+
+func isBucketError(err error) bool {
+	var b bucketError
+	return errors.As(err, &b)
+}
+
 // Errors.
 var (
 	ErrInvalidConfig = errors.New("invalid slo controller config")
@@ -173,48 +190,80 @@ func (c *Controller) SetSLO(ctx context.Context, model string, v overrides.SLO, 
 
 // Run runs a round every Interval until ctx ends, and between rounds
 // takes up the models of newly held partitions (Adopt) every tenth of it.
+// While the SLO bucket cannot be reached it waits a capped backoff (from
+// Interval up to 30 s) before the next round or take-up.
 func (c *Controller) Run(ctx context.Context) error {
 	t := time.NewTicker(c.cfg.Interval)
 	defer t.Stop()
 	adopt := time.NewTicker(max(c.cfg.Interval/10, 50*time.Millisecond))
 	defer adopt.Stop()
+	bo := retry.NewBackoff(c.cfg.Interval, max(c.cfg.Interval, maxBackoff))
+	var resume time.Time
+	after := func(ok bool) {
+		if ok {
+			bo.Reset()
+			resume = time.Time{}
+			return
+		}
+		resume = time.Now().Add(bo.Next())
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-t.C:
-			c.Round(ctx)
-		case <-adopt.C:
-			c.Adopt(ctx)
+		case now := <-t.C:
+			if now.Before(resume) {
+				continue
+			}
+			after(c.round(ctx))
+		case now := <-adopt.C:
+			if now.Before(resume) {
+				continue
+			}
+			if !c.adoptAll(ctx) {
+				after(false)
+			}
 		}
 	}
 }
 
 // Round drains the latency windows and moves every held model's
-// thresholds once.
-func (c *Controller) Round(ctx context.Context) {
+// thresholds once. When the SLO bucket cannot be reached the round stops
+// at the first model that finds it so (the others keep their thresholds
+// and move next round), so that the lock, and with it SetSLO, is not held
+// for a timeout per model.
+func (c *Controller) Round(ctx context.Context) { c.round(ctx) }
+
+// round is Round; it reports false when the SLO bucket could not be
+// reached.
+func (c *Controller) round(ctx context.Context) bool {
 	windows, err := c.cfg.Monitor.DrainLatency(ctx)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {
 		c.errs.Fail(fmt.Errorf("read the latency windows: %w", err))
-		return
+		return true
 	}
 	var first error
-	failed := 0
+	failed, skipped := 0, 0
 	for model, v := range c.slos {
+		if first != nil && isBucketError(first) {
+			skipped++
+			continue
+		}
 		if err := c.step(ctx, model, v, windows[model]); err != nil {
 			failed++
-			if first == nil {
+			if first == nil || isBucketError(err) {
 				first = fmt.Errorf("model %q: %w", model, err)
 			}
 		}
 	}
 	if failed > 0 {
-		c.errs.Fail(first, "models_failed", failed)
-		return
+		c.errs.Fail(first, "models_failed", failed, "models_skipped", skipped)
+		return !isBucketError(first)
 	}
 	c.errs.OK()
+	return true
 }
 
 // step moves one model's thresholds.
@@ -250,6 +299,9 @@ func (c *Controller) step(ctx context.Context, model string, v overrides.SLO, w 
 	if err != nil {
 		// Another writer, or the bucket away: read it again next round.
 		delete(c.held, model)
+		if !errors.Is(err, overrides.ErrStatusConflict) && !errors.Is(err, overrides.ErrBadSLO) {
+			return bucketError{err}
+		}
 		return err
 	}
 	h.status, h.rev = st, rev
@@ -273,7 +325,7 @@ func (c *Controller) step(ctx context.Context, model string, v overrides.SLO, w 
 func (c *Controller) adopt(ctx context.Context, model string, v overrides.SLO, epoch uint64) (*held, error) {
 	st, rev, err := c.cfg.Store.Status(ctx, model)
 	if err != nil && !errors.Is(err, overrides.ErrBadSLO) {
-		return nil, err
+		return nil, bucketError{err}
 	}
 	if rev != 0 && st.Epoch > epoch {
 		return nil, c.release(ctx, model) // a newer holder writes it
@@ -301,7 +353,12 @@ func (c *Controller) adopt(ctx context.Context, model string, v overrides.SLO, e
 // monitor has come to hold since the last round, so that their thresholds
 // apply as soon as the partition is held rather than at the next round;
 // Run calls it between rounds.
-func (c *Controller) Adopt(ctx context.Context) {
+// It stops at the first model that finds the SLO bucket unreachable.
+func (c *Controller) Adopt(ctx context.Context) { c.adoptAll(ctx) }
+
+// adoptAll is Adopt; it reports false when the SLO bucket could not be
+// reached.
+func (c *Controller) adoptAll(ctx context.Context) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for model, v := range c.slos {
@@ -311,8 +368,12 @@ func (c *Controller) Adopt(ctx context.Context) {
 		}
 		if _, err := c.adopt(ctx, model, v, epoch); err != nil {
 			c.errs.Fail(fmt.Errorf("take up model %q: %w", model, err))
+			if isBucketError(err) {
+				return false
+			}
 		}
 	}
+	return true
 }
 
 // release forgets a model this monitor no longer controls and gives its
