@@ -145,6 +145,10 @@ type Controller struct {
 	// applied are the models whose thresholds this controller handed to
 	// the monitor.
 	applied map[string]bool
+	// unreleased are the models whose SLO was deleted or put in shadow
+	// mode but whose thresholds the monitor could not be given back then
+	// (SetSLO's ctx ended, the monitor busy): Adopt and Round retry.
+	unreleased map[string]bool
 }
 
 // New checks cfg and returns a Controller with its metrics registered.
@@ -155,7 +159,7 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	c := &Controller{cfg: cfg, log: cfg.Logger, slos: map[string]overrides.SLO{}, held: map[string]*held{}, applied: map[string]bool{}}
+	c := &Controller{cfg: cfg, log: cfg.Logger, slos: map[string]overrides.SLO{}, held: map[string]*held{}, applied: map[string]bool{}, unreleased: map[string]bool{}}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
@@ -170,7 +174,8 @@ func New(cfg Config) (*Controller, error) {
 
 // SetSLO records a change of a model's SLO (the bucket's watcher and the
 // API call it). A deleted SLO, or one in shadow mode, gives the model's
-// thresholds back to the monitor at once.
+// thresholds back to the monitor at once; when that fails, the controller
+// gives them back later (Adopt, Round), until it succeeds.
 func (c *Controller) SetSLO(ctx context.Context, model string, v overrides.SLO, deleted bool) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -182,8 +187,28 @@ func (c *Controller) SetSLO(ctx context.Context, model string, v overrides.SLO, 
 	} else {
 		c.slos[model] = v
 	}
+	delete(c.unreleased, model)
 	if deleted || !v.Enforced() {
-		return c.cfg.Monitor.SetControlled(ctx, model, nil)
+		if err := c.cfg.Monitor.SetControlled(ctx, model, nil); err != nil {
+			c.unreleased[model] = true
+			return err
+		}
+	}
+	return nil
+}
+
+// giveBack retries the give-backs SetSLO could not make. It reports the
+// first failure.
+func (c *Controller) giveBack(ctx context.Context) error {
+	for model := range c.unreleased {
+		if v, ok := c.slos[model]; ok && v.Enforced() {
+			delete(c.unreleased, model) // enforced again since
+			continue
+		}
+		if err := c.cfg.Monitor.SetControlled(ctx, model, nil); err != nil {
+			return fmt.Errorf("give model %q's thresholds back: %w", model, err)
+		}
+		delete(c.unreleased, model)
 	}
 	return nil
 }
@@ -244,8 +269,11 @@ func (c *Controller) round(ctx context.Context) bool {
 		c.errs.Fail(fmt.Errorf("read the latency windows: %w", err))
 		return true
 	}
-	var first error
+	first := c.giveBack(ctx)
 	failed, skipped := 0, 0
+	if first != nil {
+		failed++
+	}
 	for model, v := range c.slos {
 		if first != nil && isBucketError(first) {
 			skipped++
@@ -361,6 +389,9 @@ func (c *Controller) Adopt(ctx context.Context) { c.adoptAll(ctx) }
 func (c *Controller) adoptAll(ctx context.Context) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := c.giveBack(ctx); err != nil {
+		c.errs.Fail(err)
+	}
 	for model, v := range c.slos {
 		epoch := c.cfg.Epoch(events.Partition(model, c.cfg.Partitions))
 		if h := c.held[model]; epoch == 0 || h != nil && h.epoch == epoch {
