@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -48,13 +49,14 @@ type latModel struct {
 
 // latencyBook holds the windows; its zero value is ready. Safe for
 // concurrent use: a stream looks its entry up once, then locks only that
-// entry per event.
+// entry per event; a rejection of a known model takes no lock (models is
+// copied on write, and a model stays until a whole window without any).
 type latencyBook struct {
 	// on is set while RunLatency runs: without it nothing is recorded.
 	on      atomic.Bool
-	mu      sync.RWMutex
+	mu      sync.RWMutex // entries; the writers of models
 	entries map[latKey]*latEntry
-	models  map[string]*latModel
+	models  atomic.Pointer[map[string]*latModel] // copied on write under mu
 }
 
 // latStream times one relayed stream; nil times nothing.
@@ -88,25 +90,32 @@ func (b *latencyBook) entry(model string, worker uint64) *latEntry {
 	return e
 }
 
+// loadModels returns the models map; never write to it.
+func (b *latencyBook) loadModels() map[string]*latModel {
+	if p := b.models.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
 func (b *latencyBook) model(model string) *latModel {
-	b.mu.RLock()
-	m := b.models[model]
-	b.mu.RUnlock()
-	if m != nil {
+	if m := b.loadModels()[model]; m != nil {
 		return m
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.models == nil {
-		b.models = make(map[string]*latModel)
+	old := b.loadModels()
+	if m := old[model]; m != nil {
+		return m
 	}
-	if m = b.models[model]; m == nil {
-		if len(b.models) >= maxLatencyEntries {
-			return nil
-		}
-		m = &latModel{}
-		b.models[model] = m
+	if len(old) >= maxLatencyEntries {
+		return nil
 	}
+	m := &latModel{}
+	next := make(map[string]*latModel, len(old)+1)
+	maps.Copy(next, old)
+	next[model] = m
+	b.models.Store(&next)
 	return m
 }
 
@@ -175,11 +184,8 @@ func (b *latencyBook) drain(source string, window time.Duration, now time.Time, 
 	for k := range b.entries {
 		keys = append(keys, k)
 	}
-	models := make(map[string]*latModel, len(b.models))
-	for name, m := range b.models {
-		models[name] = m
-	}
 	b.mu.RUnlock()
+	models := b.loadModels()
 	slices.SortFunc(keys, func(a, c latKey) int {
 		return cmp.Or(cmp.Compare(a.model, c.model), cmp.Compare(a.worker, c.worker))
 	})
@@ -225,9 +231,14 @@ func (b *latencyBook) drain(source string, window time.Duration, now time.Time, 
 		out = append(out, events.LatencyReport{Model: name, WorkerID: workers[0], Source: source, WindowMs: windowMs,
 			Rejected: rej, Queued: q, SentAt: sentAt})
 	}
-	for _, m := range models {
-		m.rejected.Store(0)
-		m.queued.Store(0)
+	// The models idle for the whole window are forgotten; the others
+	// stay, so that their next rejection does not allocate.
+	var idle []string
+	for name, m := range models {
+		rej, q := m.rejected.Swap(0), m.queued.Swap(0)
+		if rej == 0 && q == 0 {
+			idle = append(idle, name)
+		}
 	}
 	// Entries of a window without samples are dropped, so that workers
 	// gone from the registry do not stay.
@@ -240,10 +251,13 @@ func (b *latencyBook) drain(source string, window time.Duration, now time.Time, 
 			e.mu.Unlock()
 		}
 	}
-	for name, m := range b.models {
-		if m.rejected.Load() == 0 && m.queued.Load() == 0 {
-			delete(b.models, name)
+	if len(idle) > 0 {
+		// A rejection counted between the swap and the store is lost.
+		next := maps.Clone(b.loadModels())
+		for _, name := range idle {
+			delete(next, name)
 		}
+		b.models.Store(&next)
 	}
 	b.mu.Unlock()
 	return out

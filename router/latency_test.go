@@ -141,3 +141,52 @@ func TestRouterPublishesLatency(t *testing.T) {
 		t.Errorf("ttft %d itl %d samples, %d rejected; want 2, 3 and 1", ttft, itl, rejected)
 	}
 }
+
+// TestLatencyRejectNoLockNoAlloc: counting a rejection or a queued request
+// of a known model takes no lock and allocates nothing, and a model that
+// rejected in a window is still known in the next (the drain does not make
+// the first rejection of every window allocate and take the write lock).
+func TestLatencyRejectNoLockNoAlloc(t *testing.T) { // not parallel: AllocsPerRun
+	var b latencyBook
+	b.on.Store(true)
+	b.reject("m")
+	none := func(string) []uint64 { return []uint64{1} }
+	b.drain("router/r", time.Second, time.Unix(1, 0), none)
+	if (*b.models.Load())["m"] == nil {
+		t.Fatal("model m forgotten after a window with a rejection")
+	}
+	if n := testing.AllocsPerRun(1000, func() { b.reject("m"); b.queue("m") }); n != 0 {
+		t.Errorf("%v allocs/op, want 0", n)
+	}
+	// Held locked: counting for a known model never takes it.
+	b.mu.Lock()
+	done := make(chan struct{})
+	go func() { b.reject("m"); b.queue("m"); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Error("reject blocks on the book's lock")
+	}
+	b.mu.Unlock()
+	<-done
+	// A model idle for a whole window is forgotten.
+	b.drain("router/r", time.Second, time.Unix(2, 0), none)
+	b.drain("router/r", time.Second, time.Unix(3, 0), none)
+	if (*b.models.Load())["m"] != nil {
+		t.Error("model m kept after a window without rejections")
+	}
+}
+
+// BenchmarkLatencyReject measures counting a rejected request, from every
+// core at once (the path of a router under overload).
+func BenchmarkLatencyReject(b *testing.B) {
+	var book latencyBook
+	book.on.Store(true)
+	book.reject("m")
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			book.reject("m")
+		}
+	})
+}
