@@ -59,7 +59,8 @@ type latencyBook struct {
 	models  atomic.Pointer[map[string]*latModel] // copied on write under mu
 }
 
-// latStream times one relayed stream; nil times nothing.
+// latStream times one relayed stream, held in its exchange; the zero
+// value times nothing.
 type latStream struct {
 	e        *latEntry
 	start    time.Time
@@ -119,23 +120,23 @@ func (b *latencyBook) model(model string) *latModel {
 	return m
 }
 
-// begin starts timing a stream dispatched at start; nil for a sheddable
-// request (only priority ≥ 0 counts).
-func (b *latencyBook) begin(model string, worker uint64, class admission.Class, start time.Time) *latStream {
+// begin starts timing a stream dispatched at start; the zero latStream
+// for a sheddable request (only priority ≥ 0 counts).
+func (b *latencyBook) begin(model string, worker uint64, class admission.Class, start time.Time) latStream {
 	if class == admission.ClassSheddable || !b.on.Load() {
-		return nil
+		return latStream{}
 	}
 	e := b.entry(model, worker)
 	if e == nil {
-		return nil
+		return latStream{}
 	}
-	return &latStream{e: e, start: start}
+	return latStream{e: e, start: start}
 }
 
 // text records an event with text at now: the first is the TTFT, each
 // later one an ITL sample.
 func (s *latStream) text(now time.Time) {
-	if s == nil {
+	if s.e == nil {
 		return
 	}
 	first := !s.gotFirst

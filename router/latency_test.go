@@ -20,7 +20,7 @@ func TestLatencyBook(t *testing.T) {
 	t.Parallel()
 	var b latencyBook
 	t0 := time.Unix(1000, 0)
-	if b.begin("m", 3, admission.ClassStandard, t0) != nil {
+	if b.begin("m", 3, admission.ClassStandard, t0).e != nil {
 		t.Fatal("timed while off (RunLatency not running)")
 	}
 	b.on.Store(true)
@@ -28,7 +28,7 @@ func TestLatencyBook(t *testing.T) {
 	s.text(t0.Add(100 * time.Millisecond))
 	s.text(t0.Add(120 * time.Millisecond))
 	s.text(t0.Add(140 * time.Millisecond))
-	if b.begin("m", 3, admission.ClassSheddable, t0) != nil {
+	if b.begin("m", 3, admission.ClassSheddable, t0).e != nil {
 		t.Error("a sheddable request is timed")
 	}
 	b.reject("m")
@@ -190,3 +190,23 @@ func BenchmarkLatencyReject(b *testing.B) {
 		}
 	})
 }
+
+// TestLatencyBeginNoAlloc: timing a stream of a known worker allocates
+// nothing: the stream's timer lives in its exchange.
+func TestLatencyBeginNoAlloc(t *testing.T) { // not parallel: AllocsPerRun
+	var b latencyBook
+	b.on.Store(true)
+	t0 := time.Unix(1000, 0)
+	ex := &exchange{}
+	sink = ex
+	if n := testing.AllocsPerRun(1000, func() {
+		ex.lat = b.begin("m", 3, admission.ClassStandard, t0)
+		ex.lat.text(t0.Add(time.Millisecond))
+	}); n != 0 {
+		t.Errorf("%v allocs/op, want 0", n)
+	}
+}
+
+// sink keeps the exchange of TestLatencyBeginNoAlloc on the heap, as a
+// real one is.
+var sink *exchange

@@ -45,9 +45,9 @@ type exchange struct {
 	// preferred is the worker of the first attempt, chosen by the queue's
 	// dispatcher; nil otherwise.
 	preferred *events.WorkerEntry
-	// lat times the stream for the latency windows (contract §18); nil
+	// lat times the stream for the latency windows (contract §18); zero
 	// when not timed.
-	lat *latStream
+	lat latStream
 }
 
 // serveInference proxies a POST /v1/completions or /v1/chat/completions.
