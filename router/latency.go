@@ -35,11 +35,12 @@ type latKey struct {
 	worker uint64
 }
 
-// latEntry is one worker's samples since the last window.
+// latEntry is one worker's samples since the last window. A stream adds
+// to the counts without a lock; mu is taken by the drain only.
 type latEntry struct {
 	mu        sync.Mutex
-	ttft, itl [events.LatencyMaxBucket + 1]uint64
-	samples   bool
+	ttft, itl [events.LatencyMaxBucket + 1]atomic.Uint64
+	samples   atomic.Bool
 }
 
 // latModel counts a model's answers that never reached a worker.
@@ -146,14 +147,12 @@ func (s *latStream) text(now time.Time) {
 	}
 	s.last = now
 	k := events.LatencyBucketOf(float64(now.Sub(from)) / float64(time.Millisecond))
-	s.e.mu.Lock()
 	if first {
-		s.e.ttft[k]++
+		s.e.ttft[k].Add(1)
 	} else {
-		s.e.itl[k]++
+		s.e.itl[k].Add(1)
 	}
-	s.e.samples = true
-	s.e.mu.Unlock()
+	s.e.samples.Store(true)
 }
 
 // reject counts a rejected request of model.
@@ -205,13 +204,15 @@ func (b *latencyBook) drain(source string, window time.Duration, now time.Time, 
 		e := b.entries[k]
 		b.mu.RUnlock()
 		e.mu.Lock()
-		if !e.samples {
+		// A sample counted after the swap of samples, and before that of
+		// its bucket, is in this window and marks the next one: that
+		// one's report may then be empty.
+		if !e.samples.Swap(false) {
 			e.mu.Unlock()
 			continue
 		}
 		r := events.LatencyReport{Model: k.model, WorkerID: k.worker, Source: source, WindowMs: windowMs, SentAt: sentAt}
 		r.TTFT, r.ITL = sparse(&e.ttft), sparse(&e.itl)
-		e.ttft, e.itl, e.samples = [events.LatencyMaxBucket + 1]uint64{}, [events.LatencyMaxBucket + 1]uint64{}, false
 		e.mu.Unlock()
 		out = append(out, r)
 		reported[k.model] = true
@@ -246,7 +247,7 @@ func (b *latencyBook) drain(source string, window time.Duration, now time.Time, 
 	b.mu.Lock()
 	for k, e := range b.entries {
 		if e.mu.TryLock() {
-			if !e.samples {
+			if !e.samples.Load() {
 				delete(b.entries, k)
 			}
 			e.mu.Unlock()
@@ -264,10 +265,11 @@ func (b *latencyBook) drain(source string, window time.Duration, now time.Time, 
 	return out
 }
 
-func sparse(h *[events.LatencyMaxBucket + 1]uint64) []events.LatencyBucket {
+// sparse takes the non-zero buckets of h, zeroing them.
+func sparse(h *[events.LatencyMaxBucket + 1]atomic.Uint64) []events.LatencyBucket {
 	var out []events.LatencyBucket
-	for k, n := range h {
-		if n > 0 {
+	for k := range h {
+		if n := h[k].Swap(0); n > 0 {
 			out = append(out, events.LatencyBucket{K: uint8(k), N: n})
 		}
 	}

@@ -210,3 +210,27 @@ func TestLatencyBeginNoAlloc(t *testing.T) { // not parallel: AllocsPerRun
 // sink keeps the exchange of TestLatencyBeginNoAlloc on the heap, as a
 // real one is.
 var sink *exchange
+
+// TestLatencyTextNoLock: recording a text event of a timed stream takes no
+// lock (the entry's counts are atomic; its mutex is the drain's only).
+func TestLatencyTextNoLock(t *testing.T) {
+	t.Parallel()
+	var b latencyBook
+	b.on.Store(true)
+	t0 := time.Unix(1000, 0)
+	s := b.begin("m", 3, admission.ClassStandard, t0)
+	s.e.mu.Lock()
+	done := make(chan struct{})
+	go func() { s.text(t0.Add(100 * time.Millisecond)); s.text(t0.Add(120 * time.Millisecond)); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Error("text blocks on the entry's lock")
+	}
+	s.e.mu.Unlock()
+	<-done
+	r := b.drain("router/r", time.Second, t0.Add(time.Second), func(string) []uint64 { return nil })
+	if len(r) != 1 || len(r[0].TTFT) != 1 || len(r[0].ITL) != 1 {
+		t.Errorf("reports %+v, want one TTFT and one ITL sample", r)
+	}
+}
