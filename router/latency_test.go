@@ -234,3 +234,20 @@ func TestLatencyTextNoLock(t *testing.T) {
 		t.Errorf("reports %+v, want one TTFT and one ITL sample", r)
 	}
 }
+
+// BenchmarkLatencyText measures recording a text event, from streams of
+// one worker on every core at once.
+func BenchmarkLatencyText(b *testing.B) {
+	var book latencyBook
+	book.on.Store(true)
+	t0 := time.Unix(1000, 0)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		s := book.begin("m", 3, admission.ClassStandard, t0)
+		now := t0
+		for pb.Next() {
+			now = now.Add(20 * time.Millisecond)
+			s.text(now)
+		}
+	})
+}
