@@ -41,6 +41,10 @@ type latEntry struct {
 	mu        sync.Mutex
 	ttft, itl [events.LatencyMaxBucket + 1]atomic.Uint64
 	samples   atomic.Bool
+	// streams is the number of streams timing into the entry: the drain
+	// keeps an entry with any, so that a stream's first text, however
+	// late, is not counted in a forgotten entry.
+	streams atomic.Int64
 }
 
 // latModel counts a model's answers that never reached a worker.
@@ -69,10 +73,16 @@ type latStream struct {
 	gotFirst bool
 }
 
+// entry returns the entry of (model, worker), counted as timing one more
+// stream, or nil when there are too many. The count is taken under mu, so
+// that the drain cannot forget the entry in between.
 func (b *latencyBook) entry(model string, worker uint64) *latEntry {
 	k := latKey{model, worker}
 	b.mu.RLock()
 	e := b.entries[k]
+	if e != nil {
+		e.streams.Add(1)
+	}
 	b.mu.RUnlock()
 	if e != nil {
 		return e
@@ -89,6 +99,7 @@ func (b *latencyBook) entry(model string, worker uint64) *latEntry {
 		e = &latEntry{}
 		b.entries[k] = e
 	}
+	e.streams.Add(1)
 	return e
 }
 
@@ -132,6 +143,14 @@ func (b *latencyBook) begin(model string, worker uint64, class admission.Class, 
 		return latStream{}
 	}
 	return latStream{e: e, start: start}
+}
+
+// end ends the timing of the stream; call it once the stream is over.
+func (s *latStream) end() {
+	if s.e != nil {
+		s.e.streams.Add(-1)
+		s.e = nil
+	}
 }
 
 // text records an event with text at now: the first is the TTFT, each
@@ -242,12 +261,12 @@ func (b *latencyBook) drain(source string, window time.Duration, now time.Time, 
 			idle = append(idle, name)
 		}
 	}
-	// Entries of a window without samples are dropped, so that workers
-	// gone from the registry do not stay.
+	// Entries of a window without samples nor streams in progress are
+	// dropped, so that workers gone from the registry do not stay.
 	b.mu.Lock()
 	for k, e := range b.entries {
 		if e.mu.TryLock() {
-			if !e.samples.Load() {
+			if !e.samples.Load() && e.streams.Load() == 0 {
 				delete(b.entries, k)
 			}
 			e.mu.Unlock()

@@ -251,3 +251,29 @@ func BenchmarkLatencyText(b *testing.B) {
 		}
 	})
 }
+
+// TestLatencySlowFirstToken: a stream whose first text comes windows after
+// its dispatch still counts it: the drain keeps the entry of a stream in
+// progress, however long without samples.
+func TestLatencySlowFirstToken(t *testing.T) {
+	t.Parallel()
+	var b latencyBook
+	b.on.Store(true)
+	t0 := time.Unix(1000, 0)
+	none := func(string) []uint64 { return nil }
+	s := b.begin("m", 3, admission.ClassStandard, t0)
+	b.drain("router/r", time.Second, t0.Add(time.Second), none)
+	b.drain("router/r", time.Second, t0.Add(2*time.Second), none)
+	s.text(t0.Add(2500 * time.Millisecond))
+	r := b.drain("router/r", time.Second, t0.Add(3*time.Second), none)
+	if len(r) != 1 || len(r[0].TTFT) != 1 {
+		t.Fatalf("reports %+v, want the 2.5 s TTFT", r)
+	}
+	s.end()
+	b.drain("router/r", time.Second, t0.Add(4*time.Second), none)
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if len(b.entries) != 0 {
+		t.Errorf("%d entries left after the stream ended, want 0", len(b.entries))
+	}
+}

@@ -155,6 +155,7 @@ func (ex *exchange) forward(body []byte, cands []events.WorkerEntry) {
 	}
 	if up.isEventStream() {
 		ex.lat = rt.latency.begin(ex.model, up.worker.WorkerID, ex.class, dispatched)
+		defer ex.lat.end()
 		ex.stream(up, mig)
 		return
 	}
