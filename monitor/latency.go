@@ -12,7 +12,9 @@ import (
 // Latency windows (contract §18): the monitor adds up the windows of each
 // (model, worker, source) between two calls of DrainLatency, which the SLO
 // controller makes once per --slo-interval; the windows of the models it
-// does not control are dropped at each drain too, so nothing grows.
+// does not control are dropped at each drain too, so nothing grows. A
+// drain resets the windows in place and forgets those not heard since the
+// previous one.
 
 // latModel is one model's pending latency windows.
 type latModel struct {
@@ -91,8 +93,7 @@ func (s *state) applyLatency(r *events.LatencyReport, now time.Time) string {
 }
 
 // drainLatency merges model's pending windows (per worker the routers'
-// when any router reported for it, else the engine's, never both) and
-// forgets every model's pending windows.
+// when any router reported for it, else the engine's, never both).
 func (s *state) drainLatency(model string) slo.Window {
 	var w slo.Window
 	if lm := s.lat[model]; lm != nil {
@@ -120,16 +121,50 @@ func (s *state) drainLatency(model string) slo.Window {
 // the previous call, merged per model (contract §18), and starts new ones:
 // the SLO controller calls it once per interval.
 func (m *Monitor) DrainLatency(ctx context.Context) (map[string]*slo.Window, error) {
+	var out map[string]*slo.Window
+	err := m.do(ctx, func(s *state) { out = s.drainAllLatency() })
+	return out, err
+}
+
+// drainAllLatency returns the merged windows of every model heard since
+// the previous call and starts new ones. The windows heard are reset in
+// place, so that the next report of the same (model, worker, source)
+// allocates nothing; those not heard since the previous call are
+// forgotten.
+func (s *state) drainAllLatency() map[string]*slo.Window {
 	out := make(map[string]*slo.Window)
-	err := m.do(ctx, func(s *state) {
-		for model := range s.lat {
+	for model, lm := range s.lat {
+		heard := false
+		for _, srcs := range lm.workers {
+			for _, src := range srcs {
+				heard = heard || src.samples
+			}
+		}
+		if heard {
 			w := s.drainLatency(model)
 			out[model] = &w
 		}
-		clear(s.lat)
-		s.latEntries = 0
-	})
-	return out, err
+		for id, srcs := range lm.workers {
+			for name, src := range srcs {
+				if !src.samples {
+					delete(srcs, name)
+					s.latEntries--
+					continue
+				}
+				*src = latSource{}
+			}
+			if len(srcs) == 0 {
+				delete(lm.workers, id)
+			}
+		}
+		if !heard {
+			delete(s.lat, model)
+			continue
+		}
+		clear(lm.routers)
+		lm.rejected, lm.queued = 0, 0
+	}
+	return out
 }
 
 // SetControlled hands model's decode and prefill thresholds to the SLO

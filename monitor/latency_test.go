@@ -2,6 +2,7 @@ package monitor
 
 import (
 	"context"
+	"runtime"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -115,4 +116,41 @@ func TestControlledThresholds(t *testing.T) {
 			t.Fatal("out-of-range controlled threshold accepted")
 		}
 	})
+}
+
+// mallocs returns the heap allocations of one call of f.
+func mallocs(f func()) uint64 {
+	var a, b runtime.MemStats
+	runtime.ReadMemStats(&a)
+	f()
+	runtime.ReadMemStats(&b)
+	return b.Mallocs - a.Mallocs
+}
+
+// TestLatencyApplyNoAllocAfterDrain: a latency window of a (model, worker,
+// source) heard in the previous interval allocates nothing, a drain
+// notwithstanding (the windows are reset in place); one not heard for a
+// whole interval is forgotten.
+func TestLatencyApplyNoAllocAfterDrain(t *testing.T) { // not parallel: counts allocations
+	cfg := DefaultConfig()
+	s := newState(cfg, nil, nil, nil)
+	now := time.Unix(1000, 0)
+	r := events.LatencyReport{Model: testModel, WorkerID: 1, Source: "router/a", WindowMs: 1000, SentAt: now.UnixNano(),
+		ITL: []events.LatencyBucket{{K: 20, N: 3}}, Rejected: 1}
+	if reason := s.applyLatency(&r, now); reason != "" {
+		t.Fatal(reason)
+	}
+	for i := range 3 {
+		if ws := s.drainAllLatency(); ws[testModel] == nil || ws[testModel].ITL[20] != 3 || ws[testModel].Rejected != 1 {
+			t.Fatalf("drain %d: %+v, want the window of one report", i, ws[testModel])
+		}
+		r.SentAt++
+		if n := mallocs(func() { s.applyLatency(&r, now) }); n != 0 {
+			t.Errorf("after drain %d: %d allocs, want 0", i, n)
+		}
+	}
+	s.drainAllLatency()
+	if ws := s.drainAllLatency(); len(ws) != 0 || len(s.lat) != 0 || s.latEntries != 0 {
+		t.Errorf("after an interval without reports: %v, %d models, %d entries; want none", ws, len(s.lat), s.latEntries)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -34,11 +35,16 @@ type latKey struct {
 	worker uint64
 }
 
-// latEntry is one worker's samples since the last window.
+// latEntry is one worker's samples since the last window. A stream adds
+// to the counts without a lock; mu is taken by the drain only.
 type latEntry struct {
 	mu        sync.Mutex
-	ttft, itl [events.LatencyMaxBucket + 1]uint64
-	samples   bool
+	ttft, itl [events.LatencyMaxBucket + 1]atomic.Uint64
+	samples   atomic.Bool
+	// streams is the number of streams timing into the entry: the drain
+	// keeps an entry with any, so that a stream's first text, however
+	// late, is not counted in a forgotten entry.
+	streams atomic.Int64
 }
 
 // latModel counts a model's answers that never reached a worker.
@@ -48,16 +54,18 @@ type latModel struct {
 
 // latencyBook holds the windows; its zero value is ready. Safe for
 // concurrent use: a stream looks its entry up once, then locks only that
-// entry per event.
+// entry per event; a rejection of a known model takes no lock (models is
+// copied on write, and a model stays until a whole window without any).
 type latencyBook struct {
 	// on is set while RunLatency runs: without it nothing is recorded.
 	on      atomic.Bool
-	mu      sync.RWMutex
+	mu      sync.RWMutex // entries; the writers of models
 	entries map[latKey]*latEntry
-	models  map[string]*latModel
+	models  atomic.Pointer[map[string]*latModel] // copied on write under mu
 }
 
-// latStream times one relayed stream; nil times nothing.
+// latStream times one relayed stream, held in its exchange; the zero
+// value times nothing.
 type latStream struct {
 	e        *latEntry
 	start    time.Time
@@ -65,10 +73,16 @@ type latStream struct {
 	gotFirst bool
 }
 
+// entry returns the entry of (model, worker), counted as timing one more
+// stream, or nil when there are too many. The count is taken under mu, so
+// that the drain cannot forget the entry in between.
 func (b *latencyBook) entry(model string, worker uint64) *latEntry {
 	k := latKey{model, worker}
 	b.mu.RLock()
 	e := b.entries[k]
+	if e != nil {
+		e.streams.Add(1)
+	}
 	b.mu.RUnlock()
 	if e != nil {
 		return e
@@ -85,48 +99,64 @@ func (b *latencyBook) entry(model string, worker uint64) *latEntry {
 		e = &latEntry{}
 		b.entries[k] = e
 	}
+	e.streams.Add(1)
 	return e
 }
 
+// loadModels returns the models map; never write to it.
+func (b *latencyBook) loadModels() map[string]*latModel {
+	if p := b.models.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
 func (b *latencyBook) model(model string) *latModel {
-	b.mu.RLock()
-	m := b.models[model]
-	b.mu.RUnlock()
-	if m != nil {
+	if m := b.loadModels()[model]; m != nil {
 		return m
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.models == nil {
-		b.models = make(map[string]*latModel)
+	old := b.loadModels()
+	if m := old[model]; m != nil {
+		return m
 	}
-	if m = b.models[model]; m == nil {
-		if len(b.models) >= maxLatencyEntries {
-			return nil
-		}
-		m = &latModel{}
-		b.models[model] = m
+	if len(old) >= maxLatencyEntries {
+		return nil
 	}
+	m := &latModel{}
+	next := make(map[string]*latModel, len(old)+1)
+	maps.Copy(next, old)
+	next[model] = m
+	b.models.Store(&next)
 	return m
 }
 
-// begin starts timing a stream dispatched at start; nil for a sheddable
-// request (only priority ≥ 0 counts).
-func (b *latencyBook) begin(model string, worker uint64, class admission.Class, start time.Time) *latStream {
+// begin starts timing a stream dispatched at start; the zero latStream
+// for a sheddable request (only priority ≥ 0 counts).
+func (b *latencyBook) begin(model string, worker uint64, class admission.Class, start time.Time) latStream {
 	if class == admission.ClassSheddable || !b.on.Load() {
-		return nil
+		return latStream{}
 	}
 	e := b.entry(model, worker)
 	if e == nil {
-		return nil
+		return latStream{}
 	}
-	return &latStream{e: e, start: start}
+	return latStream{e: e, start: start}
+}
+
+// end ends the timing of the stream; call it once the stream is over.
+func (s *latStream) end() {
+	if s.e != nil {
+		s.e.streams.Add(-1)
+		s.e = nil
+	}
 }
 
 // text records an event with text at now: the first is the TTFT, each
 // later one an ITL sample.
 func (s *latStream) text(now time.Time) {
-	if s == nil {
+	if s.e == nil {
 		return
 	}
 	first := !s.gotFirst
@@ -136,14 +166,12 @@ func (s *latStream) text(now time.Time) {
 	}
 	s.last = now
 	k := events.LatencyBucketOf(float64(now.Sub(from)) / float64(time.Millisecond))
-	s.e.mu.Lock()
 	if first {
-		s.e.ttft[k]++
+		s.e.ttft[k].Add(1)
 	} else {
-		s.e.itl[k]++
+		s.e.itl[k].Add(1)
 	}
-	s.e.samples = true
-	s.e.mu.Unlock()
+	s.e.samples.Store(true)
 }
 
 // reject counts a rejected request of model.
@@ -175,11 +203,8 @@ func (b *latencyBook) drain(source string, window time.Duration, now time.Time, 
 	for k := range b.entries {
 		keys = append(keys, k)
 	}
-	models := make(map[string]*latModel, len(b.models))
-	for name, m := range b.models {
-		models[name] = m
-	}
 	b.mu.RUnlock()
+	models := b.loadModels()
 	slices.SortFunc(keys, func(a, c latKey) int {
 		return cmp.Or(cmp.Compare(a.model, c.model), cmp.Compare(a.worker, c.worker))
 	})
@@ -198,13 +223,15 @@ func (b *latencyBook) drain(source string, window time.Duration, now time.Time, 
 		e := b.entries[k]
 		b.mu.RUnlock()
 		e.mu.Lock()
-		if !e.samples {
+		// A sample counted after the swap of samples, and before that of
+		// its bucket, is in this window and marks the next one: that
+		// one's report may then be empty.
+		if !e.samples.Swap(false) {
 			e.mu.Unlock()
 			continue
 		}
 		r := events.LatencyReport{Model: k.model, WorkerID: k.worker, Source: source, WindowMs: windowMs, SentAt: sentAt}
 		r.TTFT, r.ITL = sparse(&e.ttft), sparse(&e.itl)
-		e.ttft, e.itl, e.samples = [events.LatencyMaxBucket + 1]uint64{}, [events.LatencyMaxBucket + 1]uint64{}, false
 		e.mu.Unlock()
 		out = append(out, r)
 		reported[k.model] = true
@@ -225,34 +252,43 @@ func (b *latencyBook) drain(source string, window time.Duration, now time.Time, 
 		out = append(out, events.LatencyReport{Model: name, WorkerID: workers[0], Source: source, WindowMs: windowMs,
 			Rejected: rej, Queued: q, SentAt: sentAt})
 	}
-	for _, m := range models {
-		m.rejected.Store(0)
-		m.queued.Store(0)
+	// The models idle for the whole window are forgotten; the others
+	// stay, so that their next rejection does not allocate.
+	var idle []string
+	for name, m := range models {
+		rej, q := m.rejected.Swap(0), m.queued.Swap(0)
+		if rej == 0 && q == 0 {
+			idle = append(idle, name)
+		}
 	}
-	// Entries of a window without samples are dropped, so that workers
-	// gone from the registry do not stay.
+	// Entries of a window without samples nor streams in progress are
+	// dropped, so that workers gone from the registry do not stay.
 	b.mu.Lock()
 	for k, e := range b.entries {
 		if e.mu.TryLock() {
-			if !e.samples {
+			if !e.samples.Load() && e.streams.Load() == 0 {
 				delete(b.entries, k)
 			}
 			e.mu.Unlock()
 		}
 	}
-	for name, m := range b.models {
-		if m.rejected.Load() == 0 && m.queued.Load() == 0 {
-			delete(b.models, name)
+	if len(idle) > 0 {
+		// A rejection counted between the swap and the store is lost.
+		next := maps.Clone(b.loadModels())
+		for _, name := range idle {
+			delete(next, name)
 		}
+		b.models.Store(&next)
 	}
 	b.mu.Unlock()
 	return out
 }
 
-func sparse(h *[events.LatencyMaxBucket + 1]uint64) []events.LatencyBucket {
+// sparse takes the non-zero buckets of h, zeroing them.
+func sparse(h *[events.LatencyMaxBucket + 1]atomic.Uint64) []events.LatencyBucket {
 	var out []events.LatencyBucket
-	for k, n := range h {
-		if n > 0 {
+	for k := range h {
+		if n := h[k].Swap(0); n > 0 {
 			out = append(out, events.LatencyBucket{K: uint8(k), N: n})
 		}
 	}

@@ -45,9 +45,9 @@ type exchange struct {
 	// preferred is the worker of the first attempt, chosen by the queue's
 	// dispatcher; nil otherwise.
 	preferred *events.WorkerEntry
-	// lat times the stream for the latency windows (contract §18); nil
+	// lat times the stream for the latency windows (contract §18); zero
 	// when not timed.
-	lat *latStream
+	lat latStream
 }
 
 // serveInference proxies a POST /v1/completions or /v1/chat/completions.
@@ -155,6 +155,7 @@ func (ex *exchange) forward(body []byte, cands []events.WorkerEntry) {
 	}
 	if up.isEventStream() {
 		ex.lat = rt.latency.begin(ex.model, up.worker.WorkerID, ex.class, dispatched)
+		defer ex.lat.end()
 		ex.stream(up, mig)
 		return
 	}
