@@ -48,14 +48,7 @@ const cordonExample = `{"model":"Qwen/Qwen3-0.6B","worker_id":3}`
 // decodeCordon reads and checks a cordon request's body.
 func (h *handler) decodeCordon(w http.ResponseWriter, r *http.Request) (cordonRequest, *httpError) {
 	var req cordonRequest
-	if herr := checkContentType(r); herr != nil {
-		return req, herr
-	}
-	body, herr := readBody(w, r, h.cfg.MaxBody)
-	if herr != nil {
-		return req, herr
-	}
-	members, herr := parseObject(body)
+	members, herr := h.readObject(w, r)
 	if herr != nil {
 		return req, herr
 	}

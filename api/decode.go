@@ -65,6 +65,19 @@ func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *httpE
 	return body, nil
 }
 
+// readObject checks the Content-Type, reads the body (at most MaxBody) and
+// parses it as one JSON object: checkContentType, readBody, parseObject.
+func (h *handler) readObject(w http.ResponseWriter, r *http.Request) (map[string]json.RawMessage, *httpError) {
+	if herr := checkContentType(r); herr != nil {
+		return nil, herr
+	}
+	body, herr := readBody(w, r, h.cfg.MaxBody)
+	if herr != nil {
+		return nil, herr
+	}
+	return parseObject(body)
+}
+
 // parseObject parses body as one JSON object and returns its members,
 // undecoded. Broken JSON (trailing data included) and a member given twice
 // are 400; valid JSON that is not an object is 422.

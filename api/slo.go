@@ -112,16 +112,7 @@ func statusOf(statuses map[string]overrides.SLOStatus, model string) *overrides.
 
 // postSLO answers POST /slo: the model's SLO is replaced.
 func (h *handler) postSLO(w http.ResponseWriter, r *http.Request) {
-	if herr := checkContentType(r); herr != nil {
-		herr.write(w)
-		return
-	}
-	body, herr := readBody(w, r, h.cfg.MaxBody)
-	if herr != nil {
-		herr.write(w)
-		return
-	}
-	members, herr := parseObject(body)
+	members, herr := h.readObject(w, r)
 	if herr != nil {
 		herr.write(w)
 		return

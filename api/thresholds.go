@@ -62,16 +62,7 @@ func (h *handler) listThresholds(w http.ResponseWriter, r *http.Request) {
 // postThresholds answers POST /busy_threshold: a set (merge) when the body
 // sets a threshold, else a get of one model.
 func (h *handler) postThresholds(w http.ResponseWriter, r *http.Request) {
-	if herr := checkContentType(r); herr != nil {
-		herr.write(w)
-		return
-	}
-	body, herr := readBody(w, r, h.cfg.MaxBody)
-	if herr != nil {
-		herr.write(w)
-		return
-	}
-	members, herr := parseObject(body)
+	members, herr := h.readObject(w, r)
 	if herr != nil {
 		herr.write(w)
 		return

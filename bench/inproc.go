@@ -25,6 +25,7 @@ import (
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/kvbucket"
+	"github.com/workermon/workermon/internal/promreg"
 )
 
 // InProcessMonitor is a running monitor on its embedded NATS server, in
@@ -312,7 +313,7 @@ func (b *inproc) ingest(ctx context.Context, res *InProcessResult) error {
 		}
 		return nil
 	}
-	before := metricSum(b.mon.Gatherer(), "workermon_reports_accepted_total")
+	before := promreg.Sum(b.mon.Gatherer(), "workermon_reports_accepted_total")
 	var rawTook, took, rawCPU, cpu time.Duration
 	res.IngestRatioMin, res.IngestRatioMax = math.Inf(1), 0
 	for round := range b.o.Rounds {
@@ -362,7 +363,7 @@ func (b *inproc) ingest(ctx context.Context, res *InProcessResult) error {
 	res.IngestRatio = res.Ingest / res.RawIngest
 	res.RawIngestCPU = float64(rawCPU.Microseconds()) / float64(b.o.Reports)
 	res.IngestCPU = float64(cpu.Microseconds()) / float64(b.o.Reports)
-	res.IngestLost = b.o.Reports + b.o.Rounds - int(metricSum(b.mon.Gatherer(), "workermon_reports_accepted_total")-before)
+	res.IngestLost = b.o.Reports + b.o.Rounds - int(promreg.Sum(b.mon.Gatherer(), "workermon_reports_accepted_total")-before)
 	return nil
 }
 
@@ -568,7 +569,7 @@ func (b *inproc) storm(ctx context.Context, res *InProcessResult) error {
 		}
 		return b.pub.Publish(events.LoadSubject(events.DefaultSubjectPrefix, model(w), uint64(w), 0), data)
 	}
-	writes := metricSum(b.mon.Gatherer(), "workermon_busy_writer_writes_total")
+	writes := promreg.Sum(b.mon.Gatherer(), "workermon_busy_writer_writes_total")
 	start := time.Now()
 	tick := time.NewTicker(time.Second / perSecond)
 	defer tick.Stop()
@@ -600,7 +601,7 @@ func (b *inproc) storm(ctx context.Context, res *InProcessResult) error {
 	elapsed := time.Since(start)
 	res.StormWorkers = b.o.StormWorkers
 	res.StormReports = float64(sent) / elapsed.Seconds()
-	res.StormWrites = (metricSum(b.mon.Gatherer(), "workermon_busy_writer_writes_total") - writes) / elapsed.Seconds()
+	res.StormWrites = (promreg.Sum(b.mon.Gatherer(), "workermon_busy_writer_writes_total") - writes) / elapsed.Seconds()
 	// The monitor has applied the last reports (the sentinel says so): each
 	// model's record must show them within a few of the writer's round
 	// trips. The deadline is a quarter of the writer's heartbeat, so that no
@@ -737,23 +738,4 @@ func PrintInProcess(w io.Writer, r InProcessResult) {
 	_ = tw.Flush()
 	fmt.Fprintln(w, "\nraw limit: the same embedded server without workermon, measured in turns with it (a counting subscriber;")
 	fmt.Fprintln(w, "a KV put seen by a watcher). CPU time: the whole process's, NATS server included.")
-}
-
-// metricSum is the sum of a counter's or a gauge's series in reg (0 when
-// absent).
-func metricSum(reg prometheus.Gatherer, name string) float64 {
-	families, err := reg.Gather()
-	if err != nil {
-		return 0
-	}
-	var sum float64
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
 }

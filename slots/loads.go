@@ -31,6 +31,37 @@ func (t *Tracker) sortedKeys() []key {
 	return t.keys
 }
 
+// keysFrom returns the sorted tracker keys from k on (the one after it
+// when it went), or all of them when the cursor has not started. t.mu is held.
+func (t *Tracker) keysFrom(k key, started bool) []key {
+	keys := t.sortedKeys()
+	if !started {
+		return keys
+	}
+	i, _ := slices.BinarySearchFunc(keys, k, compareKeys)
+	return keys[i:]
+}
+
+// rankAt compares a rank with a rank key, for a binary search of sorted ranks.
+func rankAt(r rankRef, at rankKey) int { return compareRanks(r.key, at) }
+
+// pages yields what fill appends, at most size at a time (size < 1: one),
+// each listing with a cursor of its own; fill locks the tracker itself.
+// The page's slice is reused: it is valid until the loop goes on.
+func pages[T, C any](size int, fill func(dst []T, c *C, limit int) []T) iter.Seq[[]T] {
+	size = max(size, 1)
+	return func(yield func([]T) bool) {
+		var c C
+		page := make([]T, 0, size)
+		for {
+			page = fill(page[:0], &c, size)
+			if len(page) == 0 || !yield(page) || len(page) < size {
+				return
+			}
+		}
+	}
+}
+
 // loadCursor is where a listing of loads stopped: at the rank at of the
 // tracker k, once started.
 type loadCursor struct {
@@ -42,15 +73,8 @@ type loadCursor struct {
 // appendLoads appends the loads after c to dst, in order, at most limit
 // of them (limit < 1: all), and moves c to the last one. t.mu is held.
 func (t *Tracker) appendLoads(dst []Load, model, tenant string, c *loadCursor, limit int) []Load {
-	keys := t.sortedKeys()
-	i := 0
-	if c.started {
-		// The cursor's tracker, or the one after it when it went.
-		i, _ = slices.BinarySearchFunc(keys, c.k, compareKeys)
-	}
 	n := 0
-	for ; i < len(keys); i++ {
-		k := keys[i]
+	for _, k := range t.keysFrom(c.k, c.started) {
 		if !k.matches(model, tenant) {
 			continue
 		}
@@ -58,7 +82,7 @@ func (t *Tracker) appendLoads(dst []Load, model, tenant string, c *loadCursor, l
 		j := 0
 		if c.started && k == c.k {
 			var found bool
-			j, found = slices.BinarySearchFunc(ranks, c.at, func(r rankRef, at rankKey) int { return compareRanks(r.key, at) })
+			j, found = slices.BinarySearchFunc(ranks, c.at, rankAt)
 			if found {
 				j++
 			}
@@ -93,20 +117,12 @@ func (t *Tracker) Loads(model, tenant string) []Load {
 // rank registered or dropped between two pages may be missing or
 // listed). The page's slice is reused: it is valid until the loop goes on.
 func (t *Tracker) LoadPages(model, tenant string, size int) iter.Seq[[]Load] {
-	size = max(size, 1)
-	return func(yield func([]Load) bool) {
-		var c loadCursor
-		page := make([]Load, 0, size)
-		for {
-			t.mu.Lock()
-			t.expire()
-			page = t.appendLoads(page[:0], model, tenant, &c, size)
-			t.mu.Unlock()
-			if len(page) == 0 || !yield(page) || len(page) < size {
-				return
-			}
-		}
-	}
+	return pages(size, func(dst []Load, c *loadCursor, limit int) []Load {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		t.expire()
+		return t.appendLoads(dst, model, tenant, c, limit)
+	})
 }
 
 // workerCursor is where a listing of workers stopped: at the worker id of
@@ -122,14 +138,8 @@ type workerCursor struct {
 // workers are found in order through its sorted ranks (every worker has
 // its ranks there), a binary search a worker. t.mu is held.
 func (t *Tracker) appendWorkers(dst []Worker, model, tenant string, c *workerCursor, limit int) []Worker {
-	keys := t.sortedKeys()
-	i := 0
-	if c.started {
-		i, _ = slices.BinarySearchFunc(keys, c.k, compareKeys)
-	}
 	n := 0
-	for ; i < len(keys); i++ {
-		k := keys[i]
+	for _, k := range t.keysFrom(c.k, c.started) {
 		if !k.matches(model, tenant) {
 			continue
 		}
@@ -140,7 +150,7 @@ func (t *Tracker) appendWorkers(dst []Worker, model, tenant string, c *workerCur
 			if c.id == math.MaxUint64 {
 				continue
 			}
-			j, _ = slices.BinarySearchFunc(ranks, rankKey{c.id + 1, 0}, func(r rankRef, at rankKey) int { return compareRanks(r.key, at) })
+			j, _ = slices.BinarySearchFunc(ranks, rankKey{c.id + 1, 0}, rankAt)
 		}
 		for j < len(ranks) {
 			if limit > 0 && n == limit {
@@ -153,7 +163,7 @@ func (t *Tracker) appendWorkers(dst []Worker, model, tenant string, c *workerCur
 			if id == math.MaxUint64 {
 				break
 			}
-			next, _ := slices.BinarySearchFunc(ranks[j:], rankKey{id + 1, 0}, func(r rankRef, at rankKey) int { return compareRanks(r.key, at) })
+			next, _ := slices.BinarySearchFunc(ranks[j:], rankKey{id + 1, 0}, rankAt)
 			j += next
 		}
 	}
@@ -173,17 +183,9 @@ func (t *Tracker) Workers(model, tenant string) []Worker {
 // tracker is locked only while a page is copied, each page is one moment's
 // view, and the page's slice is valid until the loop goes on.
 func (t *Tracker) WorkerPages(model, tenant string, size int) iter.Seq[[]Worker] {
-	size = max(size, 1)
-	return func(yield func([]Worker) bool) {
-		var c workerCursor
-		page := make([]Worker, 0, size)
-		for {
-			t.mu.Lock()
-			page = t.appendWorkers(page[:0], model, tenant, &c, size)
-			t.mu.Unlock()
-			if len(page) == 0 || !yield(page) || len(page) < size {
-				return
-			}
-		}
-	}
+	return pages(size, func(dst []Worker, c *workerCursor, limit int) []Worker {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return t.appendWorkers(dst, model, tenant, c, limit)
+	})
 }

@@ -117,13 +117,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	if o.jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(res)
-	}
-	wmbench.PrintInProcess(stdout, res)
-	return nil
+	return printBench(stdout, o.jsonOut, res, wmbench.PrintInProcess)
 }
 
 // inProcessMonitor is the monitor of `workermon bench` (one process).
@@ -165,11 +159,17 @@ func runBenchProcesses(ctx context.Context, o benchOptions, stdout, stderr io.Wr
 	if err != nil {
 		return err
 	}
-	if o.jsonOut {
-		enc := json.NewEncoder(stdout)
+	return printBench(stdout, o.jsonOut, res, wmbench.Print)
+}
+
+// printBench writes a benchmark's result to w: as indented JSON with
+// asJSON, else as text prints it.
+func printBench[R any](w io.Writer, asJSON bool, res R, text func(io.Writer, R)) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		return enc.Encode(res)
 	}
-	wmbench.Print(stdout, res)
+	text(w, res)
 	return nil
 }

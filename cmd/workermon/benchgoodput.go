@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -60,13 +59,7 @@ func runBenchGoodput(ctx context.Context, args []string, stdout, stderr io.Write
 		}
 		fmt.Fprintf(stderr, "bench: report written to %s\n", path)
 	}
-	if o.jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(res)
-	}
-	wmbench.PrintGoodput(stdout, res)
-	return nil
+	return printBench(stdout, o.jsonOut, res, wmbench.PrintGoodput)
 }
 
 // goodputStack starts the goodput benchmark's monitor and routers as

@@ -19,6 +19,7 @@ import (
 	"github.com/workermon/workermon/admission"
 	"github.com/workermon/workermon/board"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/promreg"
 	"github.com/workermon/workermon/loadgen"
 	"github.com/workermon/workermon/router"
 	"github.com/workermon/workermon/sim"
@@ -373,11 +374,11 @@ func (d *demo) summary(gen *loadgen.Generator) string {
 	}
 	now := time.Now()
 	fmt.Fprintf(&b, "%s busy %v hard %v free %v amber %v stale %v | all_busy changes %g | %s", d.model, rec.Busy, rec.Hard,
-		rec.Free, rec.Amber, rec.Stale, metricSum(d.monitor.reg, "workermon_all_busy_changes_total"), d.streaks.cell(now))
+		rec.Free, rec.Amber, rec.Stale, promreg.Sum(d.monitor.reg, "workermon_all_busy_changes_total"), d.streaks.cell(now))
 	if d.reschedule {
-		fmt.Fprintf(&b, " | migrated %g", metricSum(d.monitor.reg, "workermon_rescheduler_migrated_requests_total"))
+		fmt.Fprintf(&b, " | migrated %g", promreg.Sum(d.monitor.reg, "workermon_rescheduler_migrated_requests_total"))
 	}
-	fmt.Fprintf(&b, " | queued %g", metricSum(d.routerReg, "workermon_router_queue_depth"))
+	fmt.Fprintf(&b, " | queued %g", promreg.Sum(d.routerReg, "workermon_router_queue_depth"))
 	if d.allBusy() {
 		fmt.Fprintf(&b, "  ALL BUSY %.1fs → 503", d.streaks.current(now).Seconds())
 	}
@@ -433,23 +434,4 @@ func round(d time.Duration) string {
 		return "-"
 	}
 	return d.Round(10 * time.Millisecond).String()
-}
-
-// metricSum is the sum of a counter's or a gauge's series in reg (0 when
-// absent).
-func metricSum(reg prometheus.Gatherer, name string) float64 {
-	families, err := reg.Gather()
-	if err != nil {
-		return 0
-	}
-	var sum float64
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
 }

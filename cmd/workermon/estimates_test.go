@@ -17,6 +17,7 @@ import (
 	"github.com/workermon/workermon/api"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/natstest"
+	"github.com/workermon/workermon/internal/promreg"
 	"github.com/workermon/workermon/monitor"
 	"github.com/workermon/workermon/publisher"
 	"github.com/workermon/workermon/sim"
@@ -113,7 +114,7 @@ func TestRouterEstimatesMakeBusyFirst(t *testing.T) {
 		return started == 3
 	})
 
-	if n := metricSum(routerReg, "workermon_slots_requests"); n != 3 {
+	if n := promreg.Sum(routerReg, "workermon_slots_requests"); n != 3 {
 		t.Errorf("the router's workermon_slots_requests = %v, want 3", n)
 	}
 	start := time.Now()

@@ -15,6 +15,27 @@ import (
 // errUsage marks errors in the command line or environment.
 var errUsage = errors.New("usage")
 
+// subcommand splits args into one of three subcommands and the rest. With
+// no subcommand or an unknown one it prints usage to stderr and returns an
+// errUsage error; with -h or help it prints usage and returns flag.ErrHelp.
+func subcommand(args []string, usage string, stderr io.Writer, subs [3]string) (string, []string, error) {
+	want := subs[0] + ", " + subs[1] + " or " + subs[2]
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return "", nil, fmt.Errorf("%w: missing subcommand: %s", errUsage, want)
+	}
+	sub, rest := args[0], args[1:]
+	switch sub {
+	case "-h", "--help", "-help", "help":
+		fmt.Fprint(stderr, usage)
+		return "", nil, flag.ErrHelp
+	case subs[0], subs[1], subs[2]:
+		return sub, rest, nil
+	}
+	fmt.Fprint(stderr, usage)
+	return "", nil, fmt.Errorf("%w: unknown subcommand %q: want %s", errUsage, sub, want)
+}
+
 // envPrefix prefixes the environment variable of every flag:
 // --stale-after is WORKERMON_STALE_AFTER.
 const envPrefix = "WORKERMON_"

@@ -17,6 +17,7 @@ import (
 
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/natstest"
+	"github.com/workermon/workermon/internal/promreg"
 	"github.com/workermon/workermon/sim"
 )
 
@@ -213,7 +214,7 @@ sampling:
 	if n := len(latencies); n > 0 {
 		res.p99 = latencies[min(n-1, n*99/100)]
 	}
-	res.migrated = metricSum(svc.reg, "workermon_rescheduler_migrated_requests_total")
+	res.migrated = promreg.Sum(svc.reg, "workermon_rescheduler_migrated_requests_total")
 	return res
 }
 

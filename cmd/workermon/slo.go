@@ -192,19 +192,9 @@ Run 'workermon slo <get|set|delete> -h' for the flags.
 
 // runSLO is `workermon slo get|set|delete`.
 func runSLO(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, sloUsage)
-		return fmt.Errorf("%w: missing subcommand: get, set or delete", errUsage)
-	}
-	sub, args := args[0], args[1:]
-	switch sub {
-	case "-h", "--help", "-help", "help":
-		fmt.Fprint(stderr, sloUsage)
-		return flag.ErrHelp
-	case "get", "set", "delete":
-	default:
-		fmt.Fprint(stderr, sloUsage)
-		return fmt.Errorf("%w: unknown subcommand %q: want get, set or delete", errUsage, sub)
+	sub, args, err := subcommand(args, sloUsage, stderr, [3]string{"get", "set", "delete"})
+	if err != nil {
+		return err
 	}
 	o := defaultClientOptions()
 	req := api.SLORequest{}

@@ -100,19 +100,9 @@ Run 'workermon thresholds <get|set|unset> -h' for the flags.
 
 // runThresholds is `workermon thresholds get|set|unset`.
 func runThresholds(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, thresholdsUsage)
-		return fmt.Errorf("%w: missing subcommand: get, set or unset", errUsage)
-	}
-	sub, args := args[0], args[1:]
-	switch sub {
-	case "-h", "--help", "-help", "help":
-		fmt.Fprint(stderr, thresholdsUsage)
-		return flag.ErrHelp
-	case "get", "set", "unset":
-	default:
-		fmt.Fprint(stderr, thresholdsUsage)
-		return fmt.Errorf("%w: unknown subcommand %q: want get, set or unset", errUsage, sub)
+	sub, args, err := subcommand(args, thresholdsUsage, stderr, [3]string{"get", "set", "unset"})
+	if err != nil {
+		return err
 	}
 
 	o := defaultClientOptions()

@@ -3,7 +3,8 @@
 // collectors, every one or none; Shared registers a family that several
 // owners of one registry declare alike (the router's watchers, its
 // admission metrics and its gateway count into the same families), so that
-// the second one shares the first one's collector instead of failing.
+// the second one shares the first one's collector instead of failing. Sum
+// reads a family back.
 package promreg
 
 import (
@@ -48,4 +49,23 @@ func All(reg prometheus.Registerer, cs ...prometheus.Collector) error {
 		}
 	}
 	return nil
+}
+
+// Sum is the sum of a counter's or a gauge's series in reg (0 when
+// absent).
+func Sum(reg prometheus.Gatherer, name string) float64 {
+	families, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
 }
