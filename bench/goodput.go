@@ -8,6 +8,8 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/workermon/workermon/events"
@@ -43,6 +45,11 @@ var (
 	QuickTimings = Timings{Warmup: 3 * time.Second, Measure: 8 * time.Second, Scenario: 12 * time.Second}
 )
 
+// DefaultParallel is how many rows a run measures at once: the benchmark's
+// own CPU use is a small share of a core (the engines' steps are timers), so
+// two rows at a time fit on 2 cores and halve the run.
+const DefaultParallel = 2
+
 // CapacityTolerance is the bisection's precision: capacity ± 5 %.
 const CapacityTolerance = 0.05
 
@@ -63,6 +70,19 @@ type MonitorSpec struct {
 	// Thresholds are the monitor's defaults; all unset, nothing is ever
 	// busy (contract §5) and the routers admit everything.
 	Thresholds events.Thresholds
+	// SLO, when not nil, is the SLO of the benchmark's model, set
+	// (enforced) before the fleet starts (contract §18): the controller
+	// then owns the model's thresholds, starting from Thresholds.
+	SLO *SLOSpec
+	// SLOInterval, when positive, is the monitor's --slo-interval.
+	SLOInterval time.Duration
+}
+
+// SLOSpec is an SLO of contract §18: latency targets met by a share
+// Percentile of the samples.
+type SLOSpec struct {
+	TTFT, ITL  time.Duration
+	Percentile float64
 }
 
 // RouterSpec is how a policy configures one router.
@@ -71,6 +91,13 @@ type RouterSpec struct {
 	NATSURL string
 	// ID names the router (bench-0, bench-1, ...).
 	ID string
+	// QueueMaxWait, when positive, turns the router's queue on (contract
+	// §17: --queue-max-wait); QueueMaxRequests and QueuePace, when
+	// positive, replace the defaults of --queue-max-requests and
+	// --queue-pace.
+	QueueMaxWait     time.Duration
+	QueueMaxRequests int
+	QueuePace        time.Duration
 }
 
 // Monitor is a running monitor.
@@ -127,6 +154,29 @@ const ThresholdsDecode = 0.85
 // ThresholdsSweep is the decode thresholds `thresholds-best` tries.
 var ThresholdsSweep = []float64{0.6, 0.75, 0.9}
 
+// The `queue` policy's router queue (contract §17), over the `thresholds`
+// values. A request is good only when its first token comes within the
+// TTFT target of its send (contract §16), and a queue wait is part of that
+// time: a request that waited longer than the target less a first token's
+// time on a loaded engine can no longer be good, and sending it would only
+// take the place of one that can. So the wait is bounded by that, not by
+// the target alone.
+const (
+	// QueueMaxWait is --queue-max-wait: the TTFT target (1 s for tiny) less
+	// about the TTFT p99 of the thresholds policy's admitted requests.
+	QueueMaxWait = 800 * time.Millisecond
+	// QueuePace is --queue-pace.
+	QueuePace = 20 * time.Millisecond
+)
+
+// SLOInterval is the `slo` policy's --slo-interval: a tiny request lasts 1
+// to 10 s, and the routers publish their latency windows every second, so
+// one window a move.
+const SLOInterval = time.Second
+
+// SLOPercentile is the `slo` policy's percentile: the controller's default.
+const SLOPercentile = 0.9
+
 // Policies returns contract §16's policies, in the order of the results.
 // quick runs thresholds-best on ramp and shift only.
 func Policies(quick bool) []Policy {
@@ -134,13 +184,70 @@ func Policies(quick bool) []Policy {
 	if quick {
 		best.OnlyOn = []string{ScenarioRamp, ScenarioShift}
 	}
+	thresholds := MonitorSpec{Thresholds: events.Thresholds{ActiveDecodeBlocks: events.Ptr(ThresholdsDecode)}}
+	sloSpec := thresholds
+	sloSpec.SLO, sloSpec.SLOInterval = &SLOSpec{Percentile: SLOPercentile}, SLOInterval
+	if prof, err := stepengine.LookupProfile(GoodputProfile); err == nil {
+		sloSpec.SLO.TTFT, sloSpec.SLO.ITL = prof.SLO.TTFT, prof.SLO.ITL
+	}
 	return []Policy{
 		{Name: PolicyNone, Routers: []int{1}},
-		{Name: PolicyThresholds, Routers: []int{1}, Monitor: MonitorSpec{Thresholds: events.Thresholds{ActiveDecodeBlocks: events.Ptr(ThresholdsDecode)}}},
+		{Name: PolicyThresholds, Routers: []int{1}, Monitor: thresholds},
 		best,
-		{Name: PolicyQueue, Routers: []int{1, 3}, Pending: "the router's queue of section 17 (issue 25) is not built yet"},
-		{Name: PolicySLO, Routers: []int{1, 3}, Pending: "the SLO-driven thresholds of section 18 (issue 26) are not built yet"},
+		{Name: PolicyQueue, Routers: []int{1, 3}, Monitor: thresholds,
+			Router: RouterSpec{QueueMaxWait: QueueMaxWait, QueuePace: QueuePace}},
+		{Name: PolicySLO, Routers: []int{1, 3}, Monitor: sloSpec},
 	}
+}
+
+// SelectPolicies returns the policies of Policies(quick) named in names,
+// in the order of the results; every policy when names is empty.
+func SelectPolicies(quick bool, names []string) ([]Policy, error) {
+	all := Policies(quick)
+	if len(names) == 0 {
+		return all, nil
+	}
+	var out []Policy
+	for _, p := range all {
+		if slices.Contains(names, p.Name) {
+			out = append(out, p)
+		}
+	}
+	for _, n := range names {
+		if !slices.ContainsFunc(all, func(p Policy) bool { return p.Name == n }) {
+			return nil, fmt.Errorf("%w: no policy %q (policies: %s)", ErrInvalidConfig, n, policyNames(all))
+		}
+	}
+	return out, nil
+}
+
+func policyNames(ps []Policy) string {
+	var s []string
+	for _, p := range ps {
+		s = append(s, p.Name)
+	}
+	return strings.Join(s, ", ")
+}
+
+// SelectScenarios returns the scenarios of Scenarios() named in names, in
+// their order; every scenario when names is empty.
+func SelectScenarios(names []string) ([]Scenario, error) {
+	all := Scenarios()
+	if len(names) == 0 {
+		return all, nil
+	}
+	var out []Scenario
+	for _, sc := range all {
+		if slices.Contains(names, sc.Name) {
+			out = append(out, sc)
+		}
+	}
+	for _, n := range names {
+		if !slices.ContainsFunc(all, func(sc Scenario) bool { return sc.Name == n }) {
+			return nil, fmt.Errorf("%w: no scenario %q (scenarios: %s, %s, %s)", ErrInvalidConfig, n, ScenarioRamp, ScenarioBurst, ScenarioShift)
+		}
+	}
+	return out, nil
 }
 
 // Names of the scenarios.
@@ -209,6 +316,10 @@ type GoodputConfig struct {
 	// flight when the arrivals end (tests: those cut count as not good);
 	// 0 waits up to the client's timeout.
 	MaxDrain time.Duration
+	// Parallel is how many rows are measured at once, each with its own
+	// monitor, fleet and routers (0: DefaultParallel). The capacity's
+	// trials run one at a time.
+	Parallel int
 	// Policies and Scenarios, when set, replace the defaults (tests).
 	Policies  []Policy
 	Scenarios []Scenario
@@ -288,6 +399,9 @@ func Goodput(ctx context.Context, cfg GoodputConfig) (GoodputResult, error) {
 	if cfg.Seeds < 1 {
 		cfg.Seeds = 1
 	}
+	if cfg.Parallel < 1 {
+		cfg.Parallel = DefaultParallel
+	}
 	if cfg.Timings == (Timings{}) {
 		cfg.Timings = FullTimings
 		if cfg.Quick {
@@ -313,7 +427,7 @@ func Goodput(ctx context.Context, cfg GoodputConfig) (GoodputResult, error) {
 	slo := loadgen.SLO{TTFT: prof.SLO.TTFT, ITL: prof.SLO.ITL}
 	res := GoodputResult{SLO: SLOms{TTFT: ms(slo.TTFT), ITL: ms(slo.ITL)}, Profile: GoodputProfile,
 		Workers: GoodputWorkers, Seed: cfg.Seed, Seeds: cfg.Seeds, Scenario: cfg.Timings.Scenario, Results: []GoodputRow{}}
-	g := &goodput{cfg: cfg, slo: slo, done: map[string]GoodputRow{}}
+	g := &goodput{cfg: cfg, slo: slo}
 	cfg.Progress(fmt.Sprintf("%d %s workers; SLO: TTFT ≤ %v, TPOT ≤ %v (the profile's)", GoodputWorkers, GoodputProfile, slo.TTFT, slo.ITL))
 	if res.CapacityRPS = cfg.Capacity; res.CapacityRPS <= 0 {
 		if res.CapacityRPS, err = g.capacity(ctx); err != nil {
@@ -321,19 +435,8 @@ func Goodput(ctx context.Context, cfg GoodputConfig) (GoodputResult, error) {
 		}
 	}
 	cfg.Progress(fmt.Sprintf("capacity: %.2f requests/s", res.CapacityRPS))
-	for _, sc := range cfg.Scenarios {
-		for _, p := range cfg.Policies {
-			if p.Pending != "" || len(p.OnlyOn) > 0 && !slices.Contains(p.OnlyOn, sc.Name) {
-				continue
-			}
-			for _, routers := range p.Routers {
-				row, err := g.policyRow(ctx, sc, p, routers, res.CapacityRPS)
-				if err != nil {
-					return res, err
-				}
-				res.Results = append(res.Results, row)
-			}
-		}
+	if res.Results, err = g.rows(ctx, res.CapacityRPS); err != nil {
+		return res, err
 	}
 	for _, p := range cfg.Policies {
 		if p.Pending != "" {
@@ -347,67 +450,149 @@ func Goodput(ctx context.Context, cfg GoodputConfig) (GoodputResult, error) {
 type goodput struct {
 	cfg GoodputConfig
 	slo loadgen.SLO
-	// done keeps the rows measured, by scenario, thresholds and routers:
-	// a policy that runs the same configuration (thresholds-best off its
-	// sweep is thresholds) takes the row rather than measuring it again.
-	done map[string]GoodputRow
 }
 
-// policyRow measures sc under p with routers routers: the best of its
-// sweep, the median of its seeds.
-func (g *goodput) policyRow(ctx context.Context, sc Scenario, p Policy, routers int, capacity float64) (GoodputRow, error) {
-	decodes := []float64{0}
-	if len(p.Sweep) > 0 {
-		decodes = p.Sweep
-	}
-	var best GoodputRow
-	for i, d := range decodes {
-		spec := p.Monitor
-		if d > 0 {
-			spec.Thresholds.ActiveDecodeBlocks = events.Ptr(d)
+// rowJob is one measurement: a scenario under one configuration of a
+// policy with one seed.
+type rowJob struct {
+	sc      Scenario
+	p       Policy
+	spec    MonitorSpec
+	routers int
+	seed    uint64
+	key     string
+	label   string
+	row     GoodputRow
+}
+
+// rowGroup is a row of the results: the configurations (keys) of its
+// sweep, of which the best is kept.
+type rowGroup struct {
+	p    Policy
+	keys []string
+}
+
+// rows measures every scenario under every policy: each configuration of
+// a policy (each value of a sweep) with each seed is a job, the jobs run
+// Parallel at a time, and a row is the best of its configurations, each
+// the median of its seeds. A configuration two policies share
+// (thresholds-best off its sweep is thresholds) is measured once.
+func (g *goodput) rows(ctx context.Context, capacity float64) ([]GoodputRow, error) {
+	var jobs []*rowJob
+	var groups []rowGroup
+	planned := map[string]bool{}
+	for _, sc := range g.cfg.Scenarios {
+		for _, p := range g.cfg.Policies {
+			if p.Pending != "" || len(p.OnlyOn) > 0 && !slices.Contains(p.OnlyOn, sc.Name) {
+				continue
+			}
+			decodes := []float64{0}
+			if len(p.Sweep) > 0 {
+				decodes = p.Sweep
+			}
+			for _, routers := range p.Routers {
+				grp := rowGroup{p: p}
+				for _, d := range decodes {
+					spec := p.Monitor
+					if d > 0 {
+						spec.Thresholds.ActiveDecodeBlocks = events.Ptr(d)
+					}
+					key := fmt.Sprintf("%s/%s/%d/%+v/%v", sc.Name, thresholdsText(spec.Thresholds), routers, p.Router, spec.SLO != nil)
+					grp.keys = append(grp.keys, key)
+					if planned[key] {
+						continue
+					}
+					planned[key] = true
+					for s := range g.cfg.Seeds {
+						seed := g.cfg.Seed + uint64(s)
+						jobs = append(jobs, &rowJob{sc: sc, p: p, spec: spec, routers: routers, seed: seed, key: key,
+							label: fmt.Sprintf("%s under %s (%s), %d router(s), seed %d", sc.Name, p.Name, thresholdsText(spec.Thresholds), routers, seed)})
+					}
+				}
+				groups = append(groups, grp)
+			}
 		}
-		key := fmt.Sprintf("%s/%s/%d", sc.Name, thresholdsText(spec.Thresholds), routers)
-		if row, ok := g.done[key]; ok {
-			g.cfg.Progress(fmt.Sprintf("%s under %s (%s), %d router(s): measured already", sc.Name, p.Name, thresholdsText(spec.Thresholds), routers))
-			row.Policy = p.Name
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	next := make(chan *rowJob)
+	for range max(1, g.cfg.Parallel) {
+		wg.Go(func() {
+			for j := range next {
+				if err := g.measure(ctx, j, capacity); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+					cancel()
+				}
+			}
+		})
+	}
+feed:
+	for _, j := range jobs {
+		select {
+		case next <- j:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+
+	byKey := map[string][]GoodputRow{}
+	for _, j := range jobs { // in seed order
+		byKey[j.key] = append(byKey[j.key], j.row)
+	}
+	out := []GoodputRow{}
+	for _, grp := range groups {
+		var best GoodputRow
+		for i, key := range grp.keys {
+			row := rounded(median(byKey[key]))
+			row.Policy = grp.p.Name
 			if i == 0 || row.GoodputRPS > best.GoodputRPS {
 				best = row
 			}
-			continue
 		}
-		var rows []GoodputRow
-		for s := range g.cfg.Seeds {
-			seed := g.cfg.Seed + uint64(s)
-			g.cfg.Progress(fmt.Sprintf("%s under %s (%s), %d router(s), seed %d", sc.Name, p.Name, thresholdsText(spec.Thresholds), routers, seed))
-			samples, run, err := g.run(ctx, p, spec, routers, seed, loadShape{
-				rate: func(t time.Duration) float64 { return capacity * sc.Rate(t, g.cfg.Timings.Scenario) },
-				workload: func(t time.Duration) loadgen.Workload {
-					return sc.Workload(t, g.cfg.Timings.Scenario)
-				},
-				length: g.cfg.Timings.Scenario,
-			})
-			if err != nil {
-				return GoodputRow{}, err
-			}
-			row := summarize(samples, 0, g.cfg.Timings.Scenario, capacity)
-			row.Scenario, row.Policy, row.Routers = sc.Name, p.Name, routers
-			row.Preemptions, row.CPUPct = run.preemptions, run.cpuPct
-			if v := spec.Thresholds.ActiveDecodeBlocks; v != nil {
-				row.Decode = *v
-			}
-			row.Series = series(samples, g.cfg.Timings.Scenario, func(t time.Duration) float64 {
-				return capacity * sc.Rate(t, g.cfg.Timings.Scenario)
-			})
-			g.cfg.Progress(fmt.Sprintf("  goodput %.2f/s (%.0f %%), rejected %.0f %%, preemptions %d", row.GoodputRPS, row.GoodputPct, row.RejectedPct, row.Preemptions))
-			rows = append(rows, row)
-		}
-		row := rounded(median(rows))
-		g.done[key] = row
-		if i == 0 || row.GoodputRPS > best.GoodputRPS {
-			best = row
-		}
+		out = append(out, best)
 	}
-	return best, nil
+	return out, nil
+}
+
+// measure runs one job and keeps its row.
+func (g *goodput) measure(ctx context.Context, j *rowJob, capacity float64) error {
+	length := g.cfg.Timings.Scenario
+	g.cfg.Progress(j.label)
+	rate := func(t time.Duration) float64 { return capacity * j.sc.Rate(t, length) }
+	samples, run, err := g.run(ctx, j.p, j.spec, j.routers, j.seed, loadShape{
+		rate:     rate,
+		workload: func(t time.Duration) loadgen.Workload { return j.sc.Workload(t, length) },
+		length:   length,
+	})
+	if err != nil {
+		return err
+	}
+	row := summarize(samples, 0, length, capacity)
+	row.Scenario, row.Policy, row.Routers = j.sc.Name, j.p.Name, j.routers
+	row.Preemptions, row.CPUPct = run.preemptions, run.cpuPct
+	if v := j.spec.Thresholds.ActiveDecodeBlocks; v != nil {
+		row.Decode = *v
+	}
+	row.Series = series(samples, length, rate)
+	j.row = row
+	g.cfg.Progress(fmt.Sprintf("%s: goodput %.2f/s (%.0f %%), rejected %.0f %%, queue wait p99 %s, preemptions %d (set-up %v, drain %v)",
+		j.label, row.GoodputRPS, row.GoodputPct, row.RejectedPct, msText(row.QueueWaitP99), row.Preemptions,
+		run.setup.Round(100*time.Millisecond), run.drain.Round(100*time.Millisecond)))
+	return nil
 }
 
 // capacity bisects, under policy none with one router and the chat

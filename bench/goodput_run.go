@@ -37,6 +37,9 @@ type loadShape struct {
 type runStats struct {
 	preemptions uint64
 	cpuPct      float64
+	// setup is the time from the start to the load, drain from the end of
+	// the arrivals to the last request that could still be good.
+	setup, drain time.Duration
 }
 
 // run starts a fresh monitor configured by spec, the fleet and routers
@@ -45,6 +48,7 @@ type runStats struct {
 // offered request.
 func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers int, seed uint64, shape loadShape) (_ []loadgen.Sample, st runStats, err error) {
 	var closers []func(context.Context) error
+	t0 := time.Now()
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
 		defer cancel()
@@ -76,6 +80,7 @@ func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers i
 	if err := waitFleet(ctx, mon.NATSURL(), urls); err != nil {
 		return nil, st, err
 	}
+	st.setup = time.Since(t0)
 
 	// The client gives up on a request that can no longer be good: the
 	// longest a good one takes is TTFT + ITL × (the longest output − 1).
@@ -127,7 +132,14 @@ func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers i
 		select {
 		case <-end:
 			cpu1, end = hostCPU(), nil
-			// The drain: the last requests end within the timeout.
+			tEnd := time.Now()
+			defer func() { st.drain = time.Since(tEnd) }()
+			// The drain: the last requests end within the timeout, but
+			// the wait stops once none in flight can still be good (no
+			// first token within the TTFT target, or past the time its
+			// TPOT allows): those count as not good whatever comes later,
+			// and since every request that could be good has ended,
+			// cancelling the others changes no one's outcome.
 			go func() {
 				drain := timeout + time.Second
 				if g.cfg.MaxDrain > 0 {
@@ -140,7 +152,7 @@ func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers i
 				for {
 					select {
 					case <-tick.C:
-						if gen.Stats().InFlight == 0 {
+						if gen.Hopeful(time.Now()) == 0 {
 							cancel()
 							return
 						}

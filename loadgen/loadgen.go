@@ -79,6 +79,7 @@ type Generator struct {
 	chooser *chooser      // the priority of each request; nil without a mix
 	started atomic.Bool
 	rec     *recorder
+	flights flights
 }
 
 // New returns a Generator of cfg. logger may be nil.
@@ -201,6 +202,14 @@ func (g *Generator) Run(ctx context.Context) error {
 // lengths' generator (the priorities' has its own).
 const arrivalStream = 0x6c656e67746873 // "lengths"
 
+// Hopeful returns how many requests in flight can still be good at now
+// (Config.SLO): a streamed one until the TTFT target passes without a
+// first token, then until TTFT + ITL × (its max_tokens − 1) after its
+// send; one not streamed until TTFT + ITL × (max_tokens − 1). Without a
+// target every request in flight counts. A benchmark that has stopped
+// offering load need not wait for the others: they cannot be good.
+func (g *Generator) Hopeful(now time.Time) int { return g.flights.hopeful(now) }
+
 // Stats returns a snapshot of the counters.
 func (g *Generator) Stats() Stats { return g.rec.stats(time.Now()) }
 
@@ -249,7 +258,9 @@ func (g *Generator) launch(ctx context.Context, now time.Time, offered time.Dura
 	wg.Go(func() {
 		defer func() { <-g.sem }()
 		start := time.Now()
-		d := g.do(ctx, start, body, header, maxTokens)
+		fl := g.flights.add(g.cfg, start, maxTokens)
+		defer g.flights.remove(fl)
+		d := g.do(ctx, start, body, header, maxTokens, fl)
 		d.class, d.start = class, now
 		g.rec.done(time.Now(), d)
 		if g.cfg.OnDone != nil {

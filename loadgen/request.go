@@ -74,7 +74,7 @@ const queuedHeader = "X-Workermon-Queued"
 // do sends one request, with the priority header when priority is not
 // empty, and reads its answer to the end. It returns how it ended and what
 // the client saw, E2E and TTFT from start.
-func (g *Generator) do(ctx context.Context, start time.Time, body []byte, priority string, maxTokens int) done {
+func (g *Generator) do(ctx context.Context, start time.Time, body []byte, priority string, maxTokens int, fl *flight) done {
 	d := done{o: outError, res: Result{Stream: g.cfg.Stream}}
 	finish := func(o outcome) done {
 		d.o = o
@@ -152,7 +152,11 @@ func (g *Generator) do(ctx context.Context, start time.Time, body []byte, priori
 	if cancelIt {
 		cancelAt = max(1, maxTokens/2)
 	}
-	info, err := readStream(resp.Body, cancelAt, func() { cancel(errClientCancel) })
+	info, err := readStream(resp.Body, cancelAt, func() { cancel(errClientCancel) }, func(first time.Time) {
+		if fl != nil {
+			fl.firstToken(g.cfg.SLO, start, first, maxTokens)
+		}
+	})
 	d.res.Tokens, d.res.Finished = info.tokens, info.finished
 	if !info.first.IsZero() {
 		d.res.TTFT = info.first.Sub(start)
@@ -241,7 +245,7 @@ type streamInfo struct {
 // readStream reads server-sent events until [DONE]. With cancelAt > 0 it
 // calls cancel after that many chunks and returns errClientCancel. An error
 // event, or the end of the stream before [DONE], is an error.
-func readStream(body io.Reader, cancelAt int, cancel func()) (streamInfo, error) {
+func readStream(body io.Reader, cancelAt int, cancel func(), onFirst func(time.Time)) (streamInfo, error) {
 	var info streamInfo
 	usage := 0
 	sc := bufio.NewScanner(body)
@@ -272,6 +276,9 @@ func readStream(body io.Reader, cancelAt int, cancel func()) (streamInfo, error)
 			if a.hasText() {
 				if info.tokens == 0 {
 					info.first = time.Now()
+					if onFirst != nil {
+						onFirst(info.first)
+					}
 				}
 				info.tokens++
 			}

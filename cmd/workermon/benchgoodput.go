@@ -1,13 +1,18 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
+	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	wmbench "github.com/workermon/workermon/bench"
@@ -20,6 +25,9 @@ type benchGoodputOptions struct {
 	reportDir string
 	seeds     int
 	seed      uint64
+	policies  string
+	scenarios string
+	capacity  float64
 	log       logOptions
 }
 
@@ -29,6 +37,9 @@ func (o *benchGoodputOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.reportDir, "report", "", "directory to write report.html to: offered load, goodput, TTFT p99 and rejections over time, per scenario and policy")
 	fs.IntVar(&o.seeds, "seeds", 1, "run each row this many times (seeds --seed, --seed+1, ...) and report the medians")
 	fs.Uint64Var(&o.seed, "seed", wmbench.DefaultGoodputSeed, "seed of the Poisson arrivals and of the requests' lengths")
+	fs.StringVar(&o.policies, "policies", "", "run only these policies, comma-separated (none, thresholds, thresholds-best, queue, slo; default all)")
+	fs.StringVar(&o.scenarios, "scenarios", "", "run only these scenarios, comma-separated (ramp, burst, shift; default all)")
+	fs.Float64Var(&o.capacity, "capacity", 0, "take this capacity (requests/s) instead of measuring it, e.g. a full run's, to repeat some rows (0: measure it)")
 	o.log.flags(fs)
 }
 
@@ -42,11 +53,23 @@ func runBenchGoodput(ctx context.Context, args []string, stdout, stderr io.Write
 	if o.seeds < 1 {
 		err = fmt.Errorf("%w: --seeds %d must be at least 1", errUsage, o.seeds)
 	}
+	if !(o.capacity >= 0) || math.IsInf(o.capacity, 0) {
+		err = errors.Join(err, fmt.Errorf("%w: --capacity %v must be a positive rate, or 0 to measure it", errUsage, o.capacity))
+	}
+	policies, perr := wmbench.SelectPolicies(o.quick, splitList(o.policies))
+	if perr != nil {
+		err = errors.Join(err, fmt.Errorf("%w: --policies: %w", errUsage, perr))
+	}
+	scenarios, serr := wmbench.SelectScenarios(splitList(o.scenarios))
+	if serr != nil {
+		err = errors.Join(err, fmt.Errorf("%w: --scenarios: %w", errUsage, serr))
+	}
 	if err != nil || check.on {
 		return check.report(stdout, err, nil)
 	}
 	res, err := wmbench.Goodput(ctx, wmbench.GoodputConfig{
 		Stack: goodputStack{log: log}, Quick: o.quick, Seeds: o.seeds, Seed: o.seed, Log: log,
+		Policies: policies, Scenarios: scenarios, Capacity: o.capacity,
 		Progress: func(msg string) { fmt.Fprintf(stderr, "bench: %s\n", msg) },
 	})
 	if err != nil {
@@ -62,6 +85,9 @@ func runBenchGoodput(ctx context.Context, args []string, stdout, stderr io.Write
 	return printBench(stdout, o.jsonOut, res, wmbench.PrintGoodput)
 }
 
+// goodputLeaseTTL is the --lease-ttl of the benchmark's monitors.
+const goodputLeaseTTL = time.Second
+
 // goodputStack starts the goodput benchmark's monitor and routers as
 // `workermon serve` and `workermon router` run them.
 type goodputStack struct{ log *slog.Logger }
@@ -74,7 +100,14 @@ func (s goodputStack) StartMonitor(ctx context.Context, spec wmbench.MonitorSpec
 	so := defaultServeOptions()
 	so.embedded.Addr, so.embedded.DataDir, so.httpAddr = "127.0.0.1:0", dir, "127.0.0.1:0"
 	so.writer.Warmup = 0
+	// The row's monitor is alone on its own NATS server: it takes its
+	// partitions one lease TTL after its start, with no other monitor to
+	// wait for, so a short TTL shortens every row's set-up (3 s to 1 s).
+	so.leaseTTL = goodputLeaseTTL
 	so.monitor.Defaults = spec.Thresholds
+	if spec.SLOInterval > 0 {
+		so.slo.interval = spec.SLOInterval
+	}
 	svc, err := startService(ctx, so, s.log.With("part", "monitor"), newRegistry())
 	if err != nil {
 		return nil, errors.Join(err, os.RemoveAll(dir))
@@ -87,12 +120,57 @@ func (s goodputStack) StartMonitor(ctx context.Context, spec wmbench.MonitorSpec
 	case <-ctx.Done():
 		return nil, errors.Join(ctx.Err(), m.Close(context.WithoutCancel(ctx)))
 	}
+	if spec.SLO != nil {
+		if err := postGoodputSLO(ctx, "http://"+svc.httpAddr, *spec.SLO); err != nil {
+			return nil, errors.Join(err, m.Close(context.WithoutCancel(ctx)))
+		}
+	}
 	return m, nil
+}
+
+// postGoodputSLO sets the benchmark model's SLO through the monitor's API,
+// as `workermon slo set` does.
+func postGoodputSLO(ctx context.Context, base string, spec wmbench.SLOSpec) error {
+	body := map[string]any{"model": wmbench.GoodputModel, "percentile": spec.Percentile, "mode": "enforce"}
+	if spec.TTFT > 0 {
+		body["ttft_ms"] = float64(spec.TTFT) / float64(time.Millisecond)
+	}
+	if spec.ITL > 0 {
+		body["itl_ms"] = float64(spec.ITL) / float64(time.Millisecond)
+	}
+	data, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/slo", bytes.NewReader(data))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("bench: set the SLO: %w", err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("bench: set the SLO: %s: %s", resp.Status, bytes.TrimSpace(msg))
+	}
+	return nil
 }
 
 func (s goodputStack) StartRouter(_ context.Context, spec wmbench.RouterSpec) (wmbench.Router, error) {
 	ro := defaultRouterOptions()
 	ro.natsURL, ro.httpAddr, ro.router.RouterID = spec.NATSURL, "127.0.0.1:0", spec.ID
+	if spec.QueueMaxWait > 0 {
+		ro.router.QueueMaxWait = spec.QueueMaxWait
+	}
+	if spec.QueueMaxRequests > 0 {
+		ro.router.QueueMaxRequests = spec.QueueMaxRequests
+	}
+	if spec.QueuePace > 0 {
+		ro.router.QueuePace = spec.QueuePace
+	}
 	svc, err := startRouter(ro, s.log.With("part", "router", "router_id", spec.ID), newRegistry())
 	if err != nil {
 		return nil, err
@@ -115,3 +193,15 @@ type goodputRouter struct{ svc *routerService }
 
 func (r goodputRouter) URL() string                     { return "http://" + r.svc.httpAddr }
 func (r goodputRouter) Close(ctx context.Context) error { return r.svc.Close(ctx) }
+
+// splitList splits a comma-separated flag value, dropping empty items and
+// spaces.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
