@@ -336,6 +336,8 @@ type GoodputResult struct {
 	Results     []GoodputRow `json:"results"`
 	// Pending lists the policies not measured yet, with why.
 	Pending []Policy `json:"-"`
+	// Policies are the policies of the run, pending or not.
+	Policies []Policy `json:"-"`
 	// Profile, Workers, Seed and Seeds describe the run.
 	Profile string        `json:"-"`
 	Workers int           `json:"-"`
@@ -438,6 +440,7 @@ func Goodput(ctx context.Context, cfg GoodputConfig) (GoodputResult, error) {
 	if res.Results, err = g.rows(ctx, res.CapacityRPS); err != nil {
 		return res, err
 	}
+	res.Policies = cfg.Policies
 	for _, p := range cfg.Policies {
 		if p.Pending != "" {
 			res.Pending = append(res.Pending, p)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 )
@@ -35,6 +36,11 @@ func PrintGoodput(w io.Writer, r GoodputResult) {
 	}
 	fmt.Fprintf(w, "\nthresholds: decode %g, prefill unset; thresholds-best: the best of decode %v per scenario. CPU: the host's, all cores.\n",
 		ThresholdsDecode, ThresholdsSweep)
+	for _, p := range r.Policies {
+		if d := PolicySettings(p); d != "" && p.Pending == "" {
+			fmt.Fprintf(w, "%s: %s\n", p.Name, d)
+		}
+	}
 	if r.Took > 0 {
 		fmt.Fprintf(w, "took %v\n", r.Took.Round(time.Second))
 	}
@@ -46,4 +52,39 @@ func msText(v *float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.0f ms", *v)
+}
+
+// PolicySettings describes how a policy of a later section configures the
+// parts, "" for the others.
+func PolicySettings(p Policy) string {
+	var parts []string
+	if q := p.Router; q.QueueMaxWait > 0 {
+		s := "router --queue-max-wait " + q.QueueMaxWait.String()
+		if q.QueuePace > 0 {
+			s += " --queue-pace " + q.QueuePace.String()
+		}
+		if q.QueueMaxRequests > 0 {
+			s += " --queue-max-requests " + strconv.Itoa(q.QueueMaxRequests)
+		}
+		parts = append(parts, s)
+	}
+	if o := p.Monitor.SLO; o != nil {
+		s := fmt.Sprintf("SLO TTFT ≤ %g ms, ITL ≤ %g ms for %g %% of the samples (mode enforce, set before the fleet starts)",
+			ms(o.TTFT), ms(o.ITL), 100*o.Percentile)
+		if p.Monitor.SLOInterval > 0 {
+			s += ", serve --slo-interval " + p.Monitor.SLOInterval.String()
+		}
+		parts = append(parts, s)
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	if d := p.Monitor.Thresholds.ActiveDecodeBlocks; d != nil {
+		from := "thresholds (defaults) decode " + strconv.FormatFloat(*d, 'g', -1, 64)
+		if p.Monitor.SLO != nil {
+			from = "the controller starts from decode " + strconv.FormatFloat(*d, 'g', -1, 64) + " (the thresholds policy's)"
+		}
+		parts = append(parts, from)
+	}
+	return strings.Join(parts, "; ")
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/workermon/workermon/loadgen"
+	"github.com/workermon/workermon/sim/stepengine"
 )
 
 // TestScenarioShapes pins contract §16's load shapes, as fractions of the
@@ -43,15 +44,22 @@ func TestScenarioShapes(t *testing.T) {
 }
 
 // TestPolicies: the fixed and swept values of contract §16, 1 router each;
-// queue and slo listed with 1 and 3 routers but pending; --quick runs
-// thresholds-best on ramp and shift only.
+// queue and slo with 1 and 3 routers, measured (none pending), queue with
+// the thresholds values and a wait within the TTFT target, slo with the
+// profile's targets; --quick runs thresholds-best on ramp and shift only.
 func TestPolicies(t *testing.T) {
 	t.Parallel()
 	full, quick := Policies(false), Policies(true)
 	names := []string{PolicyNone, PolicyThresholds, PolicyThresholdsBest, PolicyQueue, PolicySLO}
+	if len(full) != len(names) {
+		t.Fatalf("%d policies, want %d", len(full), len(names))
+	}
 	for i, p := range full {
 		if p.Name != names[i] {
 			t.Fatalf("policy %d is %s, want %s", i, p.Name, names[i])
+		}
+		if p.Pending != "" {
+			t.Errorf("%s is pending: %s", p.Name, p.Pending)
 		}
 	}
 	if th := full[1].Monitor.Thresholds; th.ActiveDecodeBlocks == nil || *th.ActiveDecodeBlocks != 0.85 || th.ActivePrefillTokens != nil {
@@ -67,9 +75,56 @@ func TestPolicies(t *testing.T) {
 		t.Errorf("--quick thresholds-best on %v, want ramp and shift", on)
 	}
 	for _, p := range full[3:] {
-		if p.Pending == "" || len(p.Routers) != 2 || p.Routers[1] != 3 {
-			t.Errorf("%s: pending %q, routers %v", p.Name, p.Pending, p.Routers)
+		if len(p.Routers) != 2 || p.Routers[0] != 1 || p.Routers[1] != 3 || p.Sweep != nil || p.OnlyOn != nil {
+			t.Errorf("%s: routers %v, sweep %v, only on %v; want 1 and 3 routers on every scenario", p.Name, p.Routers, p.Sweep, p.OnlyOn)
 		}
+	}
+	prof, err := stepengine.LookupProfile(GoodputProfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queue, sloP := full[3], full[4]
+	if th := queue.Monitor.Thresholds; th.ActiveDecodeBlocks == nil || *th.ActiveDecodeBlocks != ThresholdsDecode || th.ActivePrefillTokens != nil || queue.Monitor.SLO != nil {
+		t.Errorf("queue's monitor %+v: want the thresholds values, no SLO", queue.Monitor)
+	}
+	// A request is good only with its first token within the TTFT target of
+	// its send, queue wait included: a longer wait only keeps capacity busy.
+	if w := queue.Router.QueueMaxWait; w <= 0 || w >= prof.SLO.TTFT {
+		t.Errorf("queue's --queue-max-wait %v: want positive and under the TTFT target %v", w, prof.SLO.TTFT)
+	}
+	for _, p := range full[:3] {
+		if p.Router.QueueMaxWait != 0 || p.Monitor.SLO != nil {
+			t.Errorf("%s has a queue (%v) or an SLO (%+v)", p.Name, p.Router.QueueMaxWait, p.Monitor.SLO)
+		}
+	}
+	if s := sloP.Monitor.SLO; s == nil || s.TTFT != prof.SLO.TTFT || s.ITL != prof.SLO.ITL || s.Percentile <= 0 || s.Percentile >= 1 {
+		t.Errorf("slo's SLO %+v: want the profile's targets %+v and a percentile in (0, 1)", s, prof.SLO)
+	}
+	if sloP.Monitor.SLOInterval <= 0 || sloP.Router.QueueMaxWait != 0 {
+		t.Errorf("slo: interval %v, queue %v", sloP.Monitor.SLOInterval, sloP.Router.QueueMaxWait)
+	}
+}
+
+// TestSelect: --policies and --scenarios keep the order of the results and
+// refuse an unknown name.
+func TestSelect(t *testing.T) {
+	t.Parallel()
+	ps, err := SelectPolicies(true, []string{PolicySLO, PolicyThresholdsBest})
+	if err != nil || len(ps) != 2 || ps[0].Name != PolicyThresholdsBest || ps[1].Name != PolicySLO {
+		t.Errorf("select slo, thresholds-best: %v %v", ps, err)
+	}
+	if all, err := SelectPolicies(false, nil); err != nil || len(all) != 5 {
+		t.Errorf("select nothing: %d policies, %v; want all 5", len(all), err)
+	}
+	if _, err := SelectPolicies(false, []string{"queue", "fifo"}); err == nil || !strings.Contains(err.Error(), `"fifo"`) {
+		t.Errorf("an unknown policy: %v", err)
+	}
+	scs, err := SelectScenarios([]string{ScenarioShift, ScenarioRamp})
+	if err != nil || len(scs) != 2 || scs[0].Name != ScenarioRamp || scs[1].Name != ScenarioShift {
+		t.Errorf("select shift, ramp: %v", err)
+	}
+	if _, err := SelectScenarios([]string{"storm"}); err == nil {
+		t.Error("an unknown scenario was accepted")
 	}
 }
 
@@ -127,7 +182,7 @@ func TestMedian(t *testing.T) {
 // policy and the offered load, no script and no outside asset.
 func TestReportHTML(t *testing.T) {
 	t.Parallel()
-	r := GoodputResult{CapacityRPS: 5, SLO: SLOms{TTFT: 1000, ITL: 50}, Pending: Policies(false)[3:]}
+	r := GoodputResult{CapacityRPS: 5, SLO: SLOms{TTFT: 1000, ITL: 50}, Pending: []Policy{{Name: "queue", Pending: "not built"}}}
 	for _, sc := range []string{"ramp", "shift"} {
 		for _, p := range []string{"none", "thresholds"} {
 			r.Results = append(r.Results, GoodputRow{Scenario: sc, Policy: p, Routers: 1,

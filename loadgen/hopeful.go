@@ -21,7 +21,7 @@ func (f *flight) firstToken(slo SLO, start, first time.Time, maxTokens int) {
 		return
 	}
 	if slo.TTFT > 0 && first.Sub(start) > slo.TTFT {
-		f.deadline.Store(first.UnixNano() - 1) // past already
+		f.deadline.Store(math.MinInt64) // it cannot be good any more
 		return
 	}
 	if slo.ITL <= 0 {

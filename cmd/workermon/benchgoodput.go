@@ -28,6 +28,7 @@ type benchGoodputOptions struct {
 	policies  string
 	scenarios string
 	capacity  float64
+	parallel  int
 	log       logOptions
 }
 
@@ -39,19 +40,23 @@ func (o *benchGoodputOptions) flags(fs *flag.FlagSet) {
 	fs.Uint64Var(&o.seed, "seed", wmbench.DefaultGoodputSeed, "seed of the Poisson arrivals and of the requests' lengths")
 	fs.StringVar(&o.policies, "policies", "", "run only these policies, comma-separated (none, thresholds, thresholds-best, queue, slo; default all)")
 	fs.StringVar(&o.scenarios, "scenarios", "", "run only these scenarios, comma-separated (ramp, burst, shift; default all)")
+	fs.IntVar(&o.parallel, "parallel", wmbench.DefaultParallel, "rows measured at once, each with its own monitor, fleet and routers (the capacity's trials run one at a time)")
 	fs.Float64Var(&o.capacity, "capacity", 0, "take this capacity (requests/s) instead of measuring it, e.g. a full run's, to repeat some rows (0: measure it)")
 	o.log.flags(fs)
 }
 
 // runBenchGoodput is `workermon bench goodput`.
 func runBenchGoodput(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	o := benchGoodputOptions{seeds: 1, log: logOptions{level: "error", format: "text"}}
+	o := benchGoodputOptions{seeds: 1, parallel: wmbench.DefaultParallel, log: logOptions{level: "error", format: "text"}}
 	log, check, err := parseCommand("bench goodput", args, stderr, nil, o.flags, &o.log)
 	if err != nil {
 		return err
 	}
 	if o.seeds < 1 {
 		err = fmt.Errorf("%w: --seeds %d must be at least 1", errUsage, o.seeds)
+	}
+	if o.parallel < 1 {
+		err = errors.Join(err, fmt.Errorf("%w: --parallel %d must be at least 1", errUsage, o.parallel))
 	}
 	if !(o.capacity >= 0) || math.IsInf(o.capacity, 0) {
 		err = errors.Join(err, fmt.Errorf("%w: --capacity %v must be a positive rate, or 0 to measure it", errUsage, o.capacity))
@@ -69,7 +74,7 @@ func runBenchGoodput(ctx context.Context, args []string, stdout, stderr io.Write
 	}
 	res, err := wmbench.Goodput(ctx, wmbench.GoodputConfig{
 		Stack: goodputStack{log: log}, Quick: o.quick, Seeds: o.seeds, Seed: o.seed, Log: log,
-		Policies: policies, Scenarios: scenarios, Capacity: o.capacity,
+		Policies: policies, Scenarios: scenarios, Capacity: o.capacity, Parallel: o.parallel,
 		Progress: func(msg string) { fmt.Fprintf(stderr, "bench: %s\n", msg) },
 	})
 	if err != nil {

@@ -2,61 +2,112 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
+	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/workermon/workermon/api"
 	wmbench "github.com/workermon/workermon/bench"
 	"github.com/workermon/workermon/internal/syncbuf"
 )
 
 // TestBenchGoodputPlumbing runs a tiny goodput benchmark with the real
-// monitor, fleet and router (2 s of the ramp, the capacity given) and checks
-// the rows, the JSON document of contract §16, the table and the report. No
-// figure is asserted: the machine is shared.
+// monitor, fleet and routers (2 s of the ramp at a rate that overloads the
+// fleet, the capacity given), every policy, and checks the rows, the JSON
+// document of contract §16, the table and the report: the queue rows ran
+// routers with the queue on and report a queue wait, the slo rows a
+// monitor controlling the model under the profile's SLO. No goodput figure
+// is asserted: the machine is shared.
 func TestBenchGoodputPlumbing(t *testing.T) {
 	t.Parallel()
 	var progress syncbuf.Buffer
+	stack := &inspectingStack{goodputStack: goodputStack{log: slog.New(slog.DiscardHandler)}}
 	res, err := wmbench.Goodput(t.Context(), wmbench.GoodputConfig{
-		Stack:     goodputStack{log: slog.New(slog.DiscardHandler)},
+		Stack:     stack,
 		Quick:     true,
 		Timings:   wmbench.Timings{Warmup: time.Second, Measure: time.Second, Scenario: 2 * time.Second},
-		Capacity:  3,
+		Capacity:  40, // 20 to 100 requests/s: far over what 4 tiny ranks serve
 		MaxDrain:  500 * time.Millisecond,
 		Scenarios: wmbench.Scenarios()[:1], // ramp
-		// The policies of the run, and one over three routers (as queue
-		// and slo will run).
-		Policies: append(wmbench.Policies(true), wmbench.Policy{Name: "three-routers", Routers: []int{3},
-			Monitor: wmbench.Policies(true)[1].Monitor}),
-		Seed:     7,
-		Progress: func(s string) { _, _ = progress.Write([]byte(s + "\n")) },
+		Seed:      7,
+		Progress:  func(s string) { _, _ = progress.Write([]byte(s + "\n")) },
 	})
 	if err != nil {
 		t.Fatalf("goodput: %v\nprogress:\n%s", err, progress.String())
 	}
-	var policies []string
+	if len(res.Pending) != 0 {
+		t.Errorf("pending policies %v", res.Pending)
+	}
+	type rowID struct {
+		policy  string
+		routers int
+	}
+	var ids []rowID
 	for _, r := range res.Results {
-		policies = append(policies, r.Policy)
-		if want := map[bool]int{true: 3, false: 1}[r.Policy == "three-routers"]; r.Scenario != wmbench.ScenarioRamp || r.Routers != want {
-			t.Errorf("row %+v: want scenario ramp, %d router(s)", r, want)
+		ids = append(ids, rowID{r.Policy, r.Routers})
+		if r.Scenario != wmbench.ScenarioRamp {
+			t.Errorf("row %+v: want scenario ramp", r)
 		}
 		if len(r.Series) != 2 {
 			t.Errorf("row %s: %d points, want one a second of 2 s", r.Policy, len(r.Series))
 		}
+		if queued := r.QueueWaitP99 != nil; queued != (r.Policy == wmbench.PolicyQueue) {
+			t.Errorf("row %s, %d router(s): queue wait p99 %v; want one exactly for queue", r.Policy, r.Routers, r.QueueWaitP99)
+		}
 	}
-	if want := []string{"none", "thresholds", "thresholds-best", "three-routers"}; !slices.Equal(policies, want) {
-		t.Errorf("policies %v, want %v (queue and slo not measured yet)", policies, want)
+	want := []rowID{{"none", 1}, {"thresholds", 1}, {"thresholds-best", 1}, {"queue", 1}, {"queue", 3}, {"slo", 1}, {"slo", 3}}
+	if !slices.Equal(ids, want) {
+		t.Errorf("rows %v, want %v", ids, want)
 	}
 	if !strings.Contains(progress.String(), "decode 0.6") || !strings.Contains(progress.String(), "decode 0.9") {
 		t.Errorf("thresholds-best did not sweep 0.6 … 0.9:\n%s", progress.String())
 	}
+	// What the monitors and routers of each row ran with.
+	stack.mu.Lock()
+	defer stack.mu.Unlock()
+	sloMonitors, queueRouters := 0, 0
+	for _, m := range stack.monitors {
+		if m.spec.SLO == nil {
+			if m.sloStatus != http.StatusNotFound {
+				t.Errorf("a monitor without an SLO answered GET /slo?model= with %d, want 404", m.sloStatus)
+			}
+			continue
+		}
+		sloMonitors++
+		r := m.slo
+		if m.sloStatus != http.StatusOK || r.Mode != "enforce" || r.TTFTms == nil || *r.TTFTms != 1000 || r.ITLms == nil || *r.ITLms != 50 {
+			t.Errorf("an slo monitor's SLO: %d %+v; want enforce, TTFT 1000 ms, ITL 50 ms (the profile's)", m.sloStatus, r)
+		}
+		if r.Applied == nil || r.Applied.Decode < 0.3 || r.Applied.Decode > 0.98 {
+			t.Errorf("an slo monitor's controller applied %+v: want thresholds within its ranges", r.Applied)
+		}
+	}
+	for _, q := range stack.routers {
+		if q.spec.QueueMaxWait > 0 {
+			queueRouters++
+			if !q.queues.Enabled || q.queues.MaxWaitMs != float64(wmbench.QueueMaxWait.Milliseconds()) {
+				t.Errorf("a queue router's /queues: %+v; want enabled, max wait %v", q.queues, wmbench.QueueMaxWait)
+			}
+		} else if q.queues.Enabled {
+			t.Errorf("a router of another policy has its queue on")
+		}
+	}
+	if sloMonitors != 2 || queueRouters != 4 {
+		t.Errorf("%d monitors with an SLO, %d routers with a queue; want 2 (slo, 1 and 3 routers) and 4 (queue: 1 + 3)", sloMonitors, queueRouters)
+	}
+
 
 	data, err := json.Marshal(res)
 	if err != nil {
@@ -81,28 +132,31 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 		t.Errorf("slo keys %v, want %v", got, want)
 	}
 	rows := doc["results"].([]any)
-	if len(rows) != 4 {
-		t.Fatalf("%d results, want 4", len(rows))
+	if len(rows) != 7 {
+		t.Fatalf("%d results, want 7", len(rows))
 	}
-	want := []string{"cpu_pct", "goodput_pct", "goodput_rps", "itl_p99_ms", "policy", "preemptions", "queue_wait_p99_ms",
+	keysWant := []string{"cpu_pct", "goodput_pct", "goodput_rps", "itl_p99_ms", "policy", "preemptions", "queue_wait_p99_ms",
 		"rejected_pct", "routers", "scenario", "ttft_p50_ms", "ttft_p99_ms"}
 	for _, r := range rows {
 		row := r.(map[string]any)
-		if got := keys(row); !slices.Equal(got, want) {
-			t.Errorf("row keys %v, want %v", got, want)
+		if got := keys(row); !slices.Equal(got, keysWant) {
+			t.Errorf("row keys %v, want %v", got, keysWant)
 		}
-		if row["queue_wait_p99_ms"] != nil {
-			t.Errorf("queue_wait_p99_ms %v without a queue, want null", row["queue_wait_p99_ms"])
+		if _, isNum := row["queue_wait_p99_ms"].(float64); isNum != (row["policy"] == wmbench.PolicyQueue) {
+			t.Errorf("%s: queue_wait_p99_ms %v, want a number for queue only, else null", row["policy"], row["queue_wait_p99_ms"])
 		}
 	}
 
 	var table bytes.Buffer
 	wmbench.PrintGoodput(&table, res)
 	for _, s := range []string{"SLO (the profile's): TTFT ≤ 1000 ms, TPOT ≤ 50 ms", "capacity", "thresholds-best (",
-		"not measured yet: queue", "not measured yet: slo"} {
+		"queue: ", "slo: "} {
 		if !strings.Contains(table.String(), s) {
 			t.Errorf("the table lacks %q:\n%s", s, table.String())
 		}
+	}
+	if strings.Contains(table.String(), "not measured yet") {
+		t.Errorf("the table lists a policy not measured:\n%s", table.String())
 	}
 	path, err := wmbench.WriteReport(t.TempDir(), res)
 	if err != nil {
@@ -128,7 +182,7 @@ func TestBenchGoodputReportInBrowser(t *testing.T) {
 	}
 	t.Parallel()
 	res := wmbench.GoodputResult{CapacityRPS: 10, SLO: wmbench.SLOms{TTFT: 1000, ITL: 50}, Profile: "tiny", Workers: 4,
-		Scenario: 30 * time.Second, Pending: wmbench.Policies(false)[3:]}
+		Scenario: 30 * time.Second, Pending: []wmbench.Policy{{Name: "queue", Pending: "not built"}}}
 	for _, sc := range wmbench.Scenarios() {
 		for i, policy := range []string{"none", "thresholds", "thresholds-best"} {
 			row := wmbench.GoodputRow{Scenario: sc.Name, Policy: policy, Routers: 1, Decode: 0.75}
@@ -169,4 +223,73 @@ func TestBenchGoodputReportInBrowser(t *testing.T) {
 	}
 	t.Logf("screenshot: %s (%d bytes)", out, len(shot))
 	b.checkErrors()
+}
+
+// inspectingStack is goodputStack that asks each monitor for the
+// benchmark model's SLO (GET /slo?model=) and each router for its queues
+// (GET /queues) just before it closes them.
+type inspectingStack struct {
+	goodputStack
+	mu       sync.Mutex
+	monitors []*inspectedMonitor
+	routers  []*inspectedRouter
+}
+
+type inspectedMonitor struct {
+	*goodputMonitor
+	stack     *inspectingStack
+	spec      wmbench.MonitorSpec
+	sloStatus int
+	slo       api.SLOReply
+}
+
+type inspectedRouter struct {
+	goodputRouter
+	stack  *inspectingStack
+	spec   wmbench.RouterSpec
+	queues struct {
+		Enabled   bool    `json:"enabled"`
+		MaxWaitMs float64 `json:"max_wait_ms"`
+	}
+}
+
+func (s *inspectingStack) StartMonitor(ctx context.Context, spec wmbench.MonitorSpec) (wmbench.Monitor, error) {
+	m, err := s.goodputStack.StartMonitor(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return &inspectedMonitor{goodputMonitor: m.(*goodputMonitor), stack: s, spec: spec}, nil
+}
+
+func (s *inspectingStack) StartRouter(ctx context.Context, spec wmbench.RouterSpec) (wmbench.Router, error) {
+	r, err := s.goodputStack.StartRouter(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return &inspectedRouter{goodputRouter: r.(goodputRouter), stack: s, spec: spec}, nil
+}
+
+func (m *inspectedMonitor) Close(ctx context.Context) error {
+	resp, err := http.Get("http://" + m.svc.httpAddr + "/slo?model=" + url.QueryEscape(wmbench.GoodputModel))
+	if err == nil {
+		m.sloStatus = resp.StatusCode
+		err = json.NewDecoder(resp.Body).Decode(&m.slo)
+		resp.Body.Close()
+	}
+	m.stack.mu.Lock()
+	m.stack.monitors = append(m.stack.monitors, m)
+	m.stack.mu.Unlock()
+	return errors.Join(err, m.goodputMonitor.Close(ctx))
+}
+
+func (r *inspectedRouter) Close(ctx context.Context) error {
+	resp, err := http.Get(r.URL() + "/queues")
+	if err == nil {
+		err = json.NewDecoder(resp.Body).Decode(&r.queues)
+		resp.Body.Close()
+	}
+	r.stack.mu.Lock()
+	r.stack.routers = append(r.stack.routers, r)
+	r.stack.mu.Unlock()
+	return errors.Join(err, r.goodputRouter.Close(ctx))
 }
