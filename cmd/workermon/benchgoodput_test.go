@@ -108,7 +108,6 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 		t.Errorf("%d monitors with an SLO, %d routers with a queue; want 2 (slo, 1 and 3 routers) and 4 (queue: 1 + 3)", sloMonitors, queueRouters)
 	}
 
-
 	data, err := json.Marshal(res)
 	if err != nil {
 		t.Fatal(err)
