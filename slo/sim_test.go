@@ -144,9 +144,9 @@ func runSim(t *testing.T, seed uint64) []simRow {
 			case -2:
 				applied := st.Suggested
 				var m slo.Move
-				win := pool.Window(&w)
+				win := pool.Window(target, &w)
 				st, m = slo.Next(c, target, st, win)
-				pool.After(st, win)
+				pool.After(target, st, win)
 				row := simRow{at: now.Sub(start), phase: ph.name, decode: applied.Decode, prefill: applied.Prefill,
 					ttftAtt: w.TTFT.Attainment(target.TTFTms), itlAtt: w.ITL.Attainment(target.ITLms), rejected: w.Rejected,
 					state: st.State, move: m, finished: finished}

@@ -389,28 +389,49 @@ const DefaultPoolMax = 10
 
 // Pool adds up the windows of consecutive intervals that had too few
 // samples to judge (state no_data), so that a model with little traffic is
-// judged over several intervals instead of never; its zero value is ready.
+// judged over several intervals instead of never. It pools each signal on
+// its own: a signal with enough samples in an interval (t.MinSamples) is
+// judged on that interval alone, whatever the other signal lacks, so that a
+// well-measured ITL is not diluted by the intervals a scarce TTFT needs.
+// Its zero value is ready.
 type Pool struct {
 	carry Window
 	n     int
 }
 
-// Window returns w added to the windows pooled so far.
-func (p *Pool) Window(w *Window) *Window {
+// Window returns w with, for each signal short of t.MinSamples in w, the
+// samples pooled so far added (and the pooled rejections and queueing).
+func (p *Pool) Window(t Target, w *Window) *Window {
 	if p.n == 0 {
 		return w
 	}
-	out := p.carry
-	out.Add(w)
+	out := *w
+	minN := t.MinSamples()
+	if w.TTFT.Total() < minN {
+		out.TTFT.Add(&p.carry.TTFT)
+	}
+	if w.ITL.Total() < minN {
+		out.ITL.Add(&p.carry.ITL)
+	}
+	out.Rejected += p.carry.Rejected
+	out.Queued += p.carry.Queued
 	return &out
 }
 
 // After keeps the window just judged (as Window returned it) when the
 // status says it had too few samples, at most DefaultPoolMax intervals in
-// a row, and forgets it otherwise.
-func (p *Pool) After(st Status, judged *Window) {
+// a row, less the signals it had enough samples of; it forgets it
+// otherwise.
+func (p *Pool) After(t Target, st Status, judged *Window) {
 	if st.State == StateNoData && p.n < DefaultPoolMax {
 		p.carry = *judged
+		minN := t.MinSamples()
+		if p.carry.TTFT.Total() >= minN {
+			p.carry.TTFT = Hist{}
+		}
+		if p.carry.ITL.Total() >= minN {
+			p.carry.ITL = Hist{}
+		}
 		p.n++
 		return
 	}

@@ -284,9 +284,9 @@ func TestPool(t *testing.T) {
 	st := slo.Status{Suggested: slo.Thresholds{Decode: 0.6, Prefill: 4096}, Step: c.DecodeStep, Holds: 1}
 	var p slo.Pool
 	for i := range 4 {
-		w := p.Window(window(20, 0, 0)) // every sample misses; 20 < 50
+		w := p.Window(target, window(20, 0, 0)) // every sample misses; 20 < 50
 		st, _ = slo.Next(c, target, st, w)
-		p.After(st, w)
+		p.After(target, st, w)
 		want := slo.StateNoData
 		if i == 2 { // 60 samples pooled: judged
 			want = slo.StateLowering
@@ -294,5 +294,45 @@ func TestPool(t *testing.T) {
 		if st.State != want || (i == 2) != (st.Measured.ITLSamples == 60) {
 			t.Fatalf("interval %d: %s with %d samples, want %s", i, st.State, st.Measured.ITLSamples, want)
 		}
+	}
+}
+
+// TestPoolPerSignal: a signal with enough samples in an interval is judged
+// on that interval alone while the other is still pooled, so a collapse of
+// a well-measured ITL lowers the thresholds at once instead of being
+// diluted by the intervals a scarce TTFT needs.
+func TestPoolPerSignal(t *testing.T) {
+	t.Parallel()
+	c := slo.DefaultConfig()
+	target := slo.Target{TTFTms: 1000, ITLms: 50, Percentile: 0.9}
+	st := slo.Status{Suggested: slo.Thresholds{Decode: 0.85, Prefill: 4096}, Step: c.DecodeStep, Holds: 1}
+	interval := func(itlGood float64) *slo.Window {
+		var w slo.Window
+		for i := range 400 {
+			if float64(i) < itlGood*400 {
+				w.ITL.Observe(20)
+			} else {
+				w.ITL.Observe(200)
+			}
+		}
+		for range 8 { // 8 first tokens an interval: TTFT is judged after 7
+			w.TTFT.Observe(100)
+		}
+		return &w
+	}
+	var p slo.Pool
+	for i := range 3 { // ITL met, TTFT short: pooled
+		w := p.Window(target, interval(1))
+		st, _ = slo.Next(c, target, st, w)
+		p.After(target, st, w)
+		if st.State != slo.StateNoData || st.Measured.TTFTSamples != uint64(8*(i+1)) || st.Measured.ITLSamples != 400 {
+			t.Fatalf("interval %d: %s, %d TTFT samples (want %d, pooled), %d ITL (want 400: its own)", i, st.State,
+				st.Measured.TTFTSamples, 8*(i+1), st.Measured.ITLSamples)
+		}
+	}
+	w := p.Window(target, interval(0.4)) // ITL collapses
+	st, m := slo.Next(c, target, st, w)
+	if m != -1 || st.State != slo.StateLowering || st.Measured.ITLAttainment == nil || *st.Measured.ITLAttainment > 0.41 {
+		t.Errorf("the interval ITL collapsed: %s, move %d, ITL attainment %v; want lowering at once on 0.4", st.State, m, st.Measured.ITLAttainment)
 	}
 }

@@ -312,9 +312,9 @@ func (c *Controller) step(ctx context.Context, model string, v overrides.SLO, w 
 	if w == nil {
 		w = &slo.Window{}
 	}
-	w = h.pool.Window(w)
+	w = h.pool.Window(v.Target(), w)
 	next, move := slo.Next(c.cfg.Controller, v.Target(), h.status.Controller, w)
-	h.pool.After(next, w)
+	h.pool.After(v.Target(), next, w)
 	st := overrides.SLOStatus{
 		Model: model, State: next.State, Suggested: next.Suggested, Measured: next.Measured,
 		UpdatedAt: c.cfg.Now().UnixNano(), MonitorID: c.cfg.MonitorID, Epoch: epoch, Controller: next,
