@@ -76,6 +76,9 @@ type MonitorSpec struct {
 	SLO *SLOSpec
 	// SLOInterval, when positive, is the monitor's --slo-interval.
 	SLOInterval time.Duration
+	// SLOPrefillMin and SLOPrefillMax, when positive, are the monitor's
+	// --slo-prefill-range.
+	SLOPrefillMin, SLOPrefillMax uint64
 }
 
 // SLOSpec is an SLO of contract §18: latency targets met by a share
@@ -177,6 +180,17 @@ const SLOInterval = time.Second
 // SLOPercentile is the `slo` policy's percentile: the controller's default.
 const SLOPercentile = 0.9
 
+// SLOPrefillMin and SLOPrefillMax are the `slo` policy's
+// --slo-prefill-range, in tokens: up to what one tiny rank's KV cache holds
+// (512 blocks of 16 tokens). The default range reaches 1048576 tokens, from
+// where the controller's steps (×1.24 to ×1.72 a move) would need a dozen
+// moves to reach a value that binds on a rank of this size; prompts over
+// what the cache holds cannot all be running anyway.
+const (
+	SLOPrefillMin = 1024
+	SLOPrefillMax = 8192
+)
+
 // Policies returns contract §16's policies, in the order of the results.
 // quick runs thresholds-best on ramp and shift only.
 func Policies(quick bool) []Policy {
@@ -187,6 +201,7 @@ func Policies(quick bool) []Policy {
 	thresholds := MonitorSpec{Thresholds: events.Thresholds{ActiveDecodeBlocks: events.Ptr(ThresholdsDecode)}}
 	sloSpec := thresholds
 	sloSpec.SLO, sloSpec.SLOInterval = &SLOSpec{Percentile: SLOPercentile}, SLOInterval
+	sloSpec.SLOPrefillMin, sloSpec.SLOPrefillMax = SLOPrefillMin, SLOPrefillMax
 	if prof, err := stepengine.LookupProfile(GoodputProfile); err == nil {
 		sloSpec.SLO.TTFT, sloSpec.SLO.ITL = prof.SLO.TTFT, prof.SLO.ITL
 	}

@@ -74,6 +74,9 @@ func PolicySettings(p Policy) string {
 		if p.Monitor.SLOInterval > 0 {
 			s += ", serve --slo-interval " + p.Monitor.SLOInterval.String()
 		}
+		if p.Monitor.SLOPrefillMax > 0 {
+			s += fmt.Sprintf(" --slo-prefill-range %d-%d", p.Monitor.SLOPrefillMin, p.Monitor.SLOPrefillMax)
+		}
 		parts = append(parts, s)
 	}
 	if len(parts) == 0 {

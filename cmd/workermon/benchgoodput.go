@@ -113,6 +113,9 @@ func (s goodputStack) StartMonitor(ctx context.Context, spec wmbench.MonitorSpec
 	if spec.SLOInterval > 0 {
 		so.slo.interval = spec.SLOInterval
 	}
+	if spec.SLOPrefillMin > 0 && spec.SLOPrefillMax > 0 {
+		so.slo.prefill = uintRange{spec.SLOPrefillMin, spec.SLOPrefillMax}
+	}
 	svc, err := startService(ctx, so, s.log.With("part", "monitor"), newRegistry())
 	if err != nil {
 		return nil, errors.Join(err, os.RemoveAll(dir))
