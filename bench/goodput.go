@@ -607,8 +607,8 @@ func (g *goodput) measure(ctx context.Context, j *rowJob, capacity float64) erro
 	}
 	row.Series = series(samples, length, rate)
 	j.row = row
-	g.cfg.Progress(fmt.Sprintf("%s: goodput %.2f/s (%.0f %%), rejected %.0f %%, queue wait p99 %s, preemptions %d (set-up %v, drain %v)",
-		j.label, row.GoodputRPS, row.GoodputPct, row.RejectedPct, msText(row.QueueWaitP99), row.Preemptions,
+	g.cfg.Progress(fmt.Sprintf("%s: goodput %.2f/s (%.0f %%), rejected %.0f %%, TTFT p99 %s, queue wait p99 %s, preemptions %d (set-up %v, drain %v)",
+		j.label, row.GoodputRPS, row.GoodputPct, row.RejectedPct, msText(row.TTFTp99), msText(row.QueueWaitP99), row.Preemptions,
 		run.setup.Round(100*time.Millisecond), run.drain.Round(100*time.Millisecond)))
 	return nil
 }
