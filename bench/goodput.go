@@ -325,7 +325,8 @@ type GoodputConfig struct {
 	// Seed is the first seed of the arrivals and lengths.
 	Seed uint64
 	// Capacity, when positive, is taken as the capacity instead of
-	// measuring it (tests).
+	// measuring it (--capacity: to repeat rows against a run's rates;
+	// tests).
 	Capacity float64
 	// MaxDrain, when positive, bounds the wait for the requests still in
 	// flight when the arrivals end (tests: those cut count as not good);
@@ -335,7 +336,8 @@ type GoodputConfig struct {
 	// monitor, fleet and routers (0: DefaultParallel). The capacity's
 	// trials run one at a time.
 	Parallel int
-	// Policies and Scenarios, when set, replace the defaults (tests).
+	// Policies and Scenarios, when set, replace the defaults (--policies,
+	// --scenarios; tests).
 	Policies  []Policy
 	Scenarios []Scenario
 	// Log receives the parts' logs; nil discards them.
