@@ -51,6 +51,11 @@ td:first-child,th:first-child,td:nth-child(2),th:nth-child(2){text-align:left}
 	for _, p := range r.Pending {
 		fmt.Fprintf(&b, "<p>Not measured yet: <code>%s</code>, %s.</p>\n", html.EscapeString(p.Name), html.EscapeString(p.Pending))
 	}
+	for _, p := range r.Policies {
+		if d := PolicySettings(p); d != "" && p.Pending == "" {
+			fmt.Fprintf(&b, "<p><code>%s</code>: %s.</p>\n", html.EscapeString(p.Name), html.EscapeString(d))
+		}
+	}
 	var scenarios []string
 	for _, row := range r.Results {
 		if !containsString(scenarios, row.Scenario) {

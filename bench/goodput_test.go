@@ -208,4 +208,9 @@ func TestReportHTML(t *testing.T) {
 	if !strings.Contains(page, "Not measured yet: <code>queue</code>") {
 		t.Error("the page does not say queue is not measured yet")
 	}
+	r.Pending, r.Policies = nil, Policies(false)
+	page = ReportHTML(r)
+	if !strings.Contains(page, "<code>queue</code>: router --queue-max-wait 800ms") || !strings.Contains(page, "<code>slo</code>: SLO TTFT ≤ 1000 ms, ITL ≤ 50 ms") {
+		t.Error("the page does not give the queue and slo policies' settings")
+	}
 }
