@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strconv"
@@ -294,12 +293,8 @@ type modelQueue struct {
 	byClass [admission.NumClasses]int
 	seq     uint64
 	running bool // the dispatcher goroutine runs
-	// handed is, per worker, the earliest time this router may hand it a
-	// queued request next: a hand-off sets it one pacing interval ahead; a
-	// worker first seen free (no entry) gets a random phase within the
-	// interval, so that routers sharing the model do not all hand a freed
-	// worker a request on the same tick, before the record can show the
-	// first. Entries are dropped one interval after they come due.
+	// handed is when this router last handed each worker a queued request,
+	// within the last pacing interval (older entries are dropped).
 	handed map[uint64]time.Time
 }
 
@@ -463,8 +458,8 @@ func (mq *modelQueue) run() {
 func (mq *modelQueue) dispatchLocked(now time.Time) {
 	deps := &mq.q.deps
 	interval := mq.q.pace * time.Duration(max(1, min(deps.routers(mq.model), 1<<16)))
-	for id, next := range mq.handed {
-		if now.Sub(next) >= interval {
+	for id, t := range mq.handed {
+		if now.Sub(t) >= interval {
 			delete(mq.handed, id)
 		}
 	}
@@ -484,23 +479,14 @@ func (mq *modelQueue) dispatchLocked(now time.Time) {
 		}
 		cands := d.Candidates(nil, registered)
 		free := slices.DeleteFunc(slices.Clone(cands), func(e events.WorkerEntry) bool {
-			next, seen := mq.handed[e.WorkerID]
-			if !seen {
-				// First seen free: this router's turn comes at a random
-				// phase of the interval (at once with a single router).
-				next = now
-				if spread := interval - mq.q.pace; spread > 0 {
-					next = now.Add(time.Duration(rand.Int64N(int64(spread))))
-				}
-				mq.handed[e.WorkerID] = next
-			}
-			return now.Before(next)
+			_, handed := mq.handed[e.WorkerID]
+			return handed
 		})
 		worker, ok := deps.pick(free)
 		if !ok {
 			return
 		}
-		mq.handed[worker.WorkerID] = now.Add(interval)
+		mq.handed[worker.WorkerID] = now
 		mq.popLocked(w)
 		mq.q.metrics.wait[w.class][queueDispatched].Observe(now.Sub(w.since).Seconds())
 		w.done <- verdict{kind: verdictDispatch, worker: worker, d: d, cands: cands}

@@ -217,13 +217,10 @@ func TestQueuePacing(t *testing.T) {
 				if len(got) == 0 {
 					t.Fatal("nothing sent")
 				}
-				every := DefaultQueuePace * time.Duration(max(1, routers))
-				// One router: within one pace. Several: at a random phase
-				// of the interval, so that they do not all hand the freed
-				// worker a request on the same tick.
-				if wait := got[0].at - freed; wait < 0 || wait > every {
-					t.Fatalf("first dispatch %v after the worker freed, want within one interval (%v)", wait, every)
+				if wait := got[0].at - freed; wait < 0 || wait > DefaultQueuePace {
+					t.Fatalf("first dispatch %v after the worker freed, want within one pace (%v)", wait, DefaultQueuePace)
 				}
+				every := DefaultQueuePace * time.Duration(max(1, routers))
 				for i := 1; i < len(got); i++ {
 					if got[i].worker != 1 {
 						t.Fatalf("dispatch %d to worker %d, want 1 (2 is busy)", i, got[i].worker)
@@ -243,70 +240,16 @@ func TestQueuePacing(t *testing.T) {
 				if m := len(c.sent()); m != n {
 					t.Fatalf("%d dispatches after the record listed the worker busy, want 0", m-n)
 				}
-				// Two free workers: two per interval; with several routers
-				// each worker's first comes at its own phase within the
-				// interval (and a tick of the dispatcher), so both are
-				// served within an interval and a pace, neither twice more.
+				// Two free workers: two per interval.
 				f.set([]uint64{1, 2}, nil)
-				if routers <= 1 {
-					time.Sleep(every)
-					synctest.Wait()
-					if m := len(c.sent()); m-n != 2 {
-						t.Fatalf("%d dispatches in one interval with two free workers, want 2", m-n)
-					}
-					return
-				}
-				time.Sleep(every + DefaultQueuePace)
+				time.Sleep(every)
 				synctest.Wait()
-				per := map[uint64]int{}
-				for _, d := range c.sent()[n:] {
-					per[d.worker]++
-				}
-				if per[1] < 1 || per[1] > 2 || per[2] < 1 || per[2] > 2 {
-					t.Fatalf("dispatches per worker %v within an interval and a pace of both freeing, want 1 or 2 each", per)
+				if m := len(c.sent()); m-n != 2 {
+					t.Fatalf("%d dispatches in one interval with two free workers, want 2", m-n)
 				}
 			})
 		})
 	}
-}
-
-// TestQueuePhaseSpread: with several routers in the record, a router hands
-// a worker it sees freed its first queued request at a random phase of the
-// pacing interval, not on its next tick: otherwise every router would hand
-// the freed worker one on the same tick, before the record could show the
-// first (contract §17: all routers together about one per pace).
-func TestQueuePhaseSpread(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := newFakeFleet(1)
-		f.routers = 3
-		mq := newTestQueue(t, f, 100)
-		c := &collector{start: time.Now()}
-		interval := 3 * DefaultQueuePace
-		late := 0
-		for range 20 {
-			join(t, mq, c, "r", 0, "")
-			time.Sleep(3 * interval) // busy: this router forgets the worker
-			n := len(c.sent())
-			f.set([]uint64{1}, nil)
-			freed := time.Since(c.start)
-			time.Sleep(interval + DefaultQueuePace)
-			synctest.Wait()
-			got := c.sent()
-			if len(got) != n+1 {
-				t.Fatalf("%d dispatches after the worker freed, want 1", len(got)-n)
-			}
-			if wait := got[n].at - freed; wait > DefaultQueuePace {
-				late++
-			}
-			f.set(nil, []uint64{1})
-		}
-		// Without a phase every first dispatch comes within one pace; with
-		// one uniform over two thirds of the interval, each does so with a
-		// probability of about one half, 20 in a row about 10^-6.
-		if late == 0 {
-			t.Error("every first dispatch to a freed worker came within one pace: the routers would all hand it one on the same tick")
-		}
-	})
 }
 
 // TestQueueReleasesOnStaleOrGoneRecord: a record that turns stale, or goes
