@@ -228,6 +228,14 @@ func TestFinal(t *testing.T) {
 		t.Fatalf("two holders: got %v %q", ok, why)
 	}
 	s.Held["a"] = []int{0, 1, 2, 3}
+	s.Monitors = []string{"a", "b", "c"} // c restarted: it must be live again
+	if ok, why := s.Final(); ok || !strings.Contains(why, "c not live yet") {
+		t.Fatalf("a monitor not back: got %v %q", ok, why)
+	}
+	s.Down = map[string]bool{"c": true} // c still down: not waited for
+	if ok, why := s.Final(); !ok {
+		t.Fatalf("final state refused while c is down: %s", why)
+	}
 	s.Now = t0.Add(5 * time.Second)
 	if ok, why := s.Final(); ok || !strings.Contains(why, "record 5s old") {
 		t.Fatalf("old record: got %v %q", ok, why)

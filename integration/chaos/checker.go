@@ -159,7 +159,7 @@ func (c *Checker) Blind(now time.Time) []Window {
 func (c *Checker) Snapshot(ctx context.Context, monitors map[string]string, down map[string]bool, models []string) (Snapshot, error) {
 	s := Snapshot{Partitions: c.cfg.Partitions, LeaseTTL: c.cfg.LeaseTTL, Heartbeat: c.cfg.Heartbeat,
 		Leases: map[int]Lease{}, Announces: map[string]time.Duration{}, Held: map[string][]int{},
-		Down: down, Models: models, Fleet: c.fleet}
+		Down: down, Monitors: sortedKeys(monitors), Models: models, Fleet: c.fleet}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	lister, err := c.leases.ListKeys(rctx)

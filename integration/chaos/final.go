@@ -28,13 +28,15 @@ type Snapshot struct {
 	Announces  map[string]time.Duration // monitor id → age of its announce
 	Held       map[string][]int         // monitor id → partitions it says it holds (/partitions); absent when it did not answer
 	Down       map[string]bool          // monitors the driver has down (killed, paused, cut)
+	Monitors   []string                 // every monitor of the stack: each one not down must be live
 	Records    map[string]events.BusySet
 	Models     []string // the models whose records must be there
 	Fleet      *Fleet
 }
 
-// Final says whether s is a final state: every partition held by one live
-// monitor, none holding more than ceil(P / live monitors), every record
+// Final says whether s is a final state: every monitor that is not down
+// live again (its announce fresh, its /partitions answering), every
+// partition held by one live monitor, none holding more than ceil(P / live monitors), every record
 // fresh, written by its partition's holder under the lease's epoch, and
 // equal to what the fleet's reports make it. It returns why not.
 func (s Snapshot) Final() (bool, string) {
@@ -49,6 +51,13 @@ func (s Snapshot) Final() (bool, string) {
 	}
 	if len(live) == 0 {
 		return false, "no live monitor"
+	}
+	for _, id := range s.Monitors {
+		if !s.Down[id] && !live[id] {
+			age, ok := s.Announces[id]
+			_, answered := s.Held[id]
+			why = append(why, fmt.Sprintf("%s not live yet (announce %v ago: %v, answers /partitions: %v)", id, age.Round(time.Millisecond), ok, answered))
+		}
 	}
 	share := (s.Partitions + len(live) - 1) / len(live)
 	count := map[string]int{}
