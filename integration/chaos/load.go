@@ -64,7 +64,8 @@ const (
 	OutShed       Outcome = "429"
 	OutCut        Outcome = "cut-by-engine" // a stream ended by the SSE error event while an engine was down
 	OutRouterDown Outcome = "router-down"
-	OutCancelled  Outcome = "client-cancel" // the client's own timeout, or the end of the run
+	OutCancelled  Outcome = "client-cancel" // the client's own timeout
+	OutAborted    Outcome = "end-of-run"    // still running when the load stopped
 	OutViolation  Outcome = "violation"
 )
 
@@ -183,7 +184,7 @@ func (l *Load) one(ctx context.Context, router, model string, prio, prompt, outp
 	req.Header.Set(admission.PriorityHeader, strconv.Itoa(prio))
 	resp, err := l.client.Do(req)
 	if err != nil {
-		return l.failed(rctx, router, start, "no answer: "+err.Error())
+		return l.failed(ctx, rctx, router, start, "no answer: "+err.Error())
 	}
 	defer resp.Body.Close()
 	switch resp.StatusCode {
@@ -208,15 +209,17 @@ func (l *Load) one(ctx context.Context, router, model string, prio, prompt, outp
 		}
 		return OutViolation, "stream ended with an error event while no engine was down: " + errEvent
 	case err != nil:
-		return l.failed(rctx, router, start, "stream broken: "+err.Error())
+		return l.failed(ctx, rctx, router, start, "stream broken: "+err.Error())
 	}
-	return l.failed(rctx, router, start, "stream ended without [DONE] or a finish reason")
+	return l.failed(ctx, rctx, router, start, "stream ended without [DONE] or a finish reason")
 }
 
 // failed classifies a request that got no answer or a broken one: the
 // client's own cancellation, a router that was down, or a violation.
-func (l *Load) failed(rctx context.Context, router string, start time.Time, what string) (Outcome, string) {
+func (l *Load) failed(ctx, rctx context.Context, router string, start time.Time, what string) (Outcome, string) {
 	switch {
+	case ctx.Err() != nil:
+		return OutAborted, ""
 	case rctx.Err() != nil:
 		return OutCancelled, ""
 	case l.Down.RouterDown(router, start, time.Now()):

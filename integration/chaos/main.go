@@ -123,13 +123,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 	st := &Stack{Docker: "docker", Compose: compose, File: *file, Project: *project}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	d := &driver{cfg: cfg, st: st, out: stdout, log: log, seed: *seed, duration: *duration, faults: faults}
-	res, err := d.run(ctx)
-	if !*keep {
-		fmt.Fprintln(stdout, "chaos: removing the stack")
-		if derr := st.Down(); derr != nil {
-			fmt.Fprintln(stderr, "chaos: remove the stack:", derr)
-		}
-	}
+	res, err := func() (*Results, error) {
+		// Removed however the run ends: a failure, Ctrl-C or SIGTERM (the
+		// context), a panic.
+		defer func() {
+			if !*keep {
+				fmt.Fprintln(stdout, "chaos: removing the stack")
+				if derr := st.Down(); derr != nil {
+					fmt.Fprintln(stderr, "chaos: remove the stack:", derr)
+				}
+			}
+		}()
+		return d.run(ctx)
+	}()
 	if err != nil {
 		fmt.Fprintln(stderr, "chaos:", err)
 		return 1

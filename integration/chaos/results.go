@@ -170,7 +170,7 @@ func (r *Results) print(w io.Writer) {
 	fmt.Fprintf(w, "requests by class and outcome:\n")
 	for _, c := range []string{"sheddable", "standard", "critical"} {
 		fmt.Fprintf(w, "  %-9s", c)
-		for _, o := range []Outcome{OutOK, OutBusy, OutShed, OutCut, OutRouterDown, OutCancelled, OutViolation} {
+		for _, o := range []Outcome{OutOK, OutBusy, OutShed, OutCut, OutRouterDown, OutCancelled, OutAborted, OutViolation} {
 			fmt.Fprintf(w, " %s=%d", o, r.Requests[c][o])
 		}
 		fmt.Fprintln(w)
