@@ -60,6 +60,11 @@ func (s *Stack) Up(ctx context.Context, timeout time.Duration, services ...strin
 	if _, err := s.compose(ctx, append([]string{"up", "-d", "--no-recreate"}, services...)...); err != nil {
 		return err
 	}
+	return s.WaitHealthy(ctx, timeout, services...)
+}
+
+// WaitHealthy waits until each service's healthcheck passes.
+func (s *Stack) WaitHealthy(ctx context.Context, timeout time.Duration, services ...string) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		pending, err := s.unhealthy(ctx, services)

@@ -186,6 +186,7 @@ type driver struct {
 	faults   []Fault
 
 	ck     *Checker
+	bg     sync.WaitGroup // the waits for a restarted router or engine to be healthy
 	growth *Growth
 	cpu    *CPU
 
@@ -204,6 +205,7 @@ func (d *driver) printf(format string, args ...any) {
 func (d *driver) run(ctx context.Context) (*Results, error) {
 	d.downs, d.downNow, d.gen, d.started = map[string][]interval{}, map[string]bool{}, map[string]int{}, map[string]time.Time{}
 	d.growth, d.cpu = newGrowth(), &CPU{}
+	defer d.bg.Wait()
 	// Whatever an earlier run interrupted hard left behind.
 	_ = d.st.Down()
 
@@ -314,6 +316,7 @@ func (d *driver) run(ctx context.Context) (*Results, error) {
 	end := time.Now()
 	stopBG()
 	wg.Wait()
+	d.bg.Wait()
 	if ctx.Err() != nil {
 		return nil, fmt.Errorf("interrupted: %w", ctx.Err())
 	}
@@ -399,10 +402,10 @@ func (d *driver) inject(ctx context.Context, f Fault) (FaultResult, error) {
 	switch f.Kind {
 	case KillRouter, KillEngine:
 		// Down until its healthcheck passes again.
-		go func() {
-			_ = d.st.Up(context.Background(), time.Minute, f.Target)
+		d.bg.Go(func() {
+			_ = d.st.WaitHealthy(ctx, time.Minute, f.Target)
 			d.up(f.Target)
-		}()
+		})
 	default:
 		d.up(f.Target)
 	}
