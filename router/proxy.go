@@ -54,9 +54,9 @@ type exchange struct {
 	// forward).
 	decision   admission.Decision
 	registered []events.WorkerEntry
-	// fallback, when set, gives dispatch the candidates to go on with once
-	// those it was given have all failed; it is called once.
-	fallback func() []events.WorkerEntry
+	// fallback lets dispatch go on with nextTier once the candidates it
+	// was given have all failed, once.
+	fallback bool
 }
 
 // serveInference proxies a POST /v1/completions or /v1/chat/completions.
@@ -158,9 +158,9 @@ func (ex *exchange) forward(body []byte, cands []events.WorkerEntry) {
 		mig = newMigration(body)
 	}
 	dispatched := time.Now()
-	ex.fallback = ex.nextTier
+	ex.fallback = true
 	up, err := ex.dispatch(body, cands, mig != nil, mig != nil)
-	ex.fallback = nil
+	ex.fallback = false
 	if err != nil {
 		if errors.Is(err, ErrNoneAnswered) && ex.r.Context().Err() == nil && ex.busyLeft() {
 			// Every worker the request could use failed (an engine just
@@ -357,9 +357,9 @@ attempts:
 			worker, ex.preferred = *ex.preferred, nil
 		default:
 			var ok bool
-			if worker, ok = ex.pick(cands); !ok && ex.fallback != nil {
-				next := ex.fallback()
-				ex.fallback = nil
+			if worker, ok = ex.pick(cands); !ok && ex.fallback {
+				ex.fallback = false
+				next := ex.nextTier()
 				if len(next) > 0 {
 					cands = next
 					worker, ok = ex.pick(cands)
