@@ -59,7 +59,7 @@ CMD                 ?=
 STACK               = COMPOSE_PROJECT_NAME=$(COMPOSE_PROJECT) $(COMPOSE)
 ALL                 = $(STACK) --profile load --profile scrape --profile observability
 
-.PHONY: images up down ps logs stop start kill exec status integration versions
+.PHONY: images up down ps logs stop start kill exec status integration versions chaos
 
 images: ## build the images workermon:dev and workermon-nats:dev offline (FROM scratch)
 	GO="$(GO)" DOCKER="$(DOCKER)" ./deploy/images.sh
@@ -95,9 +95,21 @@ exec: ## run CMD in service S, e.g. make exec S=monitor CMD="workermon status"
 status: ## `workermon status` of the stack's first monitor
 	$(ALL) exec -T monitor workermon status
 
-integration: images ## the container tests (Docker needed; fails without it; never pulls), then `make versions`
+integration: images ## the container tests (Docker needed; fails without it; never pulls), a 3-minute chaos run, then `make versions`
 	$(GO) test -tags integration -count=1 -timeout $(INTEGRATION_TIMEOUT) -v ./integration/
+	$(CHAOS_RUN) -duration 3m -json bin/chaos-integration.json
 	$(MAKE) versions
+
+# The chaos run (DESIGN §20, docs/ha.md): its own compose project
+# (workermon-chaos, deploy/chaos/compose.yml), load and seeded faults for
+# CHAOS_DURATION, then the stack is removed, also when the run fails or is
+# interrupted. CHAOS_SEED replays a run's faults.
+CHAOS_DURATION ?= 10m
+CHAOS_SEED     ?= 0
+CHAOS_RUN       = mkdir -p $(BIN) && COMPOSE="$(COMPOSE)" $(GO) run ./integration/chaos -seed $(CHAOS_SEED)
+
+chaos: images ## the chaos run: faults under load on a stack of its own for CHAOS_DURATION (10m), seed CHAOS_SEED; results in bin/chaos.json
+	$(CHAOS_RUN) -duration $(CHAOS_DURATION) -json $(BIN)/chaos.json
 
 # The NATS version matrix needs no Docker: it builds nats-server 2.9.25,
 # 2.10.29 and 2.11.17 from the Go module proxy (cached under

@@ -48,6 +48,15 @@ type exchange struct {
 	// lat times the stream for the latency windows (contract §18); zero
 	// when not timed.
 	lat latStream
+	// decision and registered are what the request was admitted on: when
+	// every candidate fails, the next tier of the decision is tried, or
+	// the request is rejected as its class would be without them (see
+	// forward).
+	decision   admission.Decision
+	registered []events.WorkerEntry
+	// fallback lets dispatch go on with nextTier once the candidates it
+	// was given have all failed, once.
+	fallback bool
 }
 
 // serveInference proxies a POST /v1/completions or /v1/chat/completions.
@@ -118,6 +127,7 @@ func (ex *exchange) serve() {
 	if d.Admit && len(cands) == 0 {
 		d = rt.unroutable(model, d, registered)
 	}
+	ex.decision, ex.registered = d, registered
 	if rt.queue.waits(model, d, qh) {
 		var ok bool
 		if cands, ok = ex.queued(d, cands, qh); !ok {
@@ -148,8 +158,21 @@ func (ex *exchange) forward(body []byte, cands []events.WorkerEntry) {
 		mig = newMigration(body)
 	}
 	dispatched := time.Now()
+	ex.fallback = true
 	up, err := ex.dispatch(body, cands, mig != nil, mig != nil)
+	ex.fallback = false
 	if err != nil {
+		if errors.Is(err, ErrNoneAnswered) && ex.r.Context().Err() == nil && ex.busyLeft() {
+			// Every worker the request could use failed (an engine just
+			// killed is listed free until it goes stale) and the others
+			// are busy: answer what the class gets once the dead ones are
+			// stale, the rejection, not a 502 (docs/router.md).
+			d := rt.unroutable(ex.model, ex.decision, ex.registered)
+			rt.latency.reject(ex.model)
+			ex.code = rt.reject.RejectStatus(d)
+			rt.reject.RejectDecision(ex.w, d)
+			return
+		}
 		ex.dispatchFailed(err)
 		return
 	}
@@ -334,7 +357,15 @@ attempts:
 			worker, ex.preferred = *ex.preferred, nil
 		default:
 			var ok bool
-			if worker, ok = ex.pick(cands); !ok {
+			if worker, ok = ex.pick(cands); !ok && ex.fallback {
+				ex.fallback = false
+				next := ex.nextTier()
+				if len(next) > 0 {
+					cands = next
+					worker, ok = ex.pick(cands)
+				}
+			}
+			if !ok {
 				break attempts
 			}
 		}
@@ -374,6 +405,32 @@ attempts:
 		lastErr = ErrNoCandidates
 	}
 	return nil, fmt.Errorf("%w: %w", ErrNoneAnswered, lastErr)
+}
+
+// nextTier returns the registered workers not tried yet that the
+// request's decision allows once its first candidates have all failed:
+// for a critical request, the busy workers that are not hard (contract
+// §15: free, then busy minus hard); for any, the registered workers the
+// record does not list busy (§7). Empty when there are none.
+func (ex *exchange) nextTier() []events.WorkerEntry {
+	var rest []events.WorkerEntry
+	for _, e := range ex.registered {
+		if !slices.Contains(ex.tried, e.WorkerID) {
+			rest = append(rest, e)
+		}
+	}
+	return ex.decision.Candidates(nil, rest)
+}
+
+// busyLeft reports whether a registered worker that was not tried is one
+// the record lists busy for the request's class.
+func (ex *exchange) busyLeft() bool {
+	for _, e := range ex.registered {
+		if !slices.Contains(ex.tried, e.WorkerID) && ex.decision.IsBusy(e.WorkerID) {
+			return true
+		}
+	}
+	return false
 }
 
 // pick chooses the worker of the next attempt among the candidates not

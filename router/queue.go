@@ -679,6 +679,7 @@ func (ex *exchange) decideAgain() ([]events.WorkerEntry, bool) {
 	if d.Admit && len(cands) == 0 {
 		d = rt.unroutable(ex.model, d, registered)
 	}
+	ex.decision, ex.registered = d, registered
 	rt.admission.Observe(ex.model, d)
 	if !d.Admit {
 		ex.code = rt.reject.RejectStatus(d)

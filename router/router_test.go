@@ -631,3 +631,48 @@ func TestMigratableHeader(t *testing.T) {
 		})
 	}
 }
+
+// TestUnreachableFreeWorkerOthersBusy: the only worker a request may use
+// cannot be reached (an engine just killed, still listed free) and the
+// record lists the model's other workers busy. The router answers as it
+// would have had the dead worker already gone stale: the rejection of the
+// request's class (503 all busy; 429 for a sheddable one), with
+// Retry-After, never a 502 (contract §20: a live router answers 200, 429
+// or 503). A critical request goes on to the busy worker. Found by the
+// chaos run (docs/ha.md).
+func TestUnreachableFreeWorkerOthersBusy(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, envOptions{})
+	good := jsonEngine(t, "good")
+	env.putWorker(t, model, 1, closedEndpoint(t))
+	env.putWorker(t, model, 2, good.srv.URL)
+	env.putRecord(t, model, []uint64{1}, []uint64{2}, time.Now())
+	for _, c := range []struct {
+		priority string
+		status   int
+		typ      string
+	}{
+		{"0", http.StatusServiceUnavailable, "service_unavailable"},
+		{"-1", http.StatusTooManyRequests, "service_unavailable"},
+		{"1", http.StatusOK, ""},
+	} {
+		resp := env.postPriority(t, c.priority)
+		body := readAll(t, resp)
+		if resp.StatusCode != c.status {
+			t.Errorf("priority %s: status %d, want %d: %s", c.priority, resp.StatusCode, c.status, body)
+			continue
+		}
+		if c.status == http.StatusOK {
+			if resp.Header.Get("X-Engine") != "good" {
+				t.Errorf("priority %s: served by %q, want the busy worker", c.priority, resp.Header.Get("X-Engine"))
+			}
+			continue
+		}
+		if eb := errorBodyOf(t, body); eb.Code != c.status || eb.Type != c.typ || resp.Header.Get("Retry-After") == "" {
+			t.Errorf("priority %s: body %s, Retry-After %q", c.priority, body, resp.Header.Get("Retry-After"))
+		}
+	}
+	if got := good.hits.Load(); got != 1 {
+		t.Errorf("the busy worker got %d requests, want only the critical one", got)
+	}
+}

@@ -1,0 +1,224 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"maps"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Growth follows the heap and goroutines of each monitor and router
+// process (contract §20: none may exceed 1.5× its value after the first
+// minute). A process is a service's container between two starts. Its
+// baseline is the highest sample of its second minute (the heap is a saw
+// tooth between collections: the highest sample is its top); a sample
+// above 1.5× the baseline counts only when the next growthSustain samples
+// stay above it too, so that a collection that comes late does not count
+// and a leak does.
+type Growth struct {
+	mu    sync.Mutex
+	procs map[string]*proc // service/generation → process
+	out   []Violation
+}
+
+const (
+	growthFactor   = 1.5
+	growthFirst    = time.Minute      // a process's first minute: no baseline yet
+	growthBaseline = 30 * time.Second // then the baseline's window
+	growthSustain  = 3                // samples (every 5 s) above the limit in a row
+)
+
+type proc struct {
+	name    string
+	started time.Time
+	base    map[string]float64 // metric → baseline
+	above   map[string]int     // metric → samples in a row above the limit
+	max     map[string]float64 // metric → highest sample after the baseline
+	flagged map[string]bool
+}
+
+// The metrics followed, from the Go collector of every workermon process.
+var growthMetrics = []string{"go_memstats_heap_alloc_bytes", "go_goroutines"}
+
+func newGrowth() *Growth { return &Growth{procs: map[string]*proc{}} }
+
+// Sample takes the metrics of process name (the service and the number of
+// its start) started at started, read at now.
+func (g *Growth) Sample(name string, started, now time.Time, values map[string]float64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	p := g.procs[name]
+	if p == nil {
+		p = &proc{name: name, started: started, base: map[string]float64{}, above: map[string]int{},
+			max: map[string]float64{}, flagged: map[string]bool{}}
+		g.procs[name] = p
+	}
+	age := now.Sub(p.started)
+	if age < growthFirst {
+		return
+	}
+	for _, m := range growthMetrics {
+		v, ok := values[m]
+		if !ok {
+			continue
+		}
+		if age < growthFirst+growthBaseline {
+			p.base[m] = max(p.base[m], v)
+			continue
+		}
+		base, ok := p.base[m]
+		if !ok || base == 0 {
+			continue
+		}
+		p.max[m] = max(p.max[m], v)
+		if v <= growthFactor*base {
+			p.above[m] = 0
+			continue
+		}
+		p.above[m]++
+		if p.above[m] >= growthSustain && !p.flagged[m] {
+			p.flagged[m] = true
+			g.out = append(g.out, Violation{At: now, Rule: RuleGrowth, What: fmt.Sprintf(
+				"%s: %s %.0f, above %.1f × its baseline %.0f for %d samples in a row", name, m, v, growthFactor, base, p.above[m])})
+		}
+	}
+}
+
+// GrowthRow is one process's figures for the report.
+type GrowthRow struct {
+	Process string             `json:"process"`
+	Base    map[string]float64 `json:"baseline"`
+	Max     map[string]float64 `json:"max_after"`
+}
+
+// Close returns the violations and each process's baseline and maximum.
+func (g *Growth) Close() ([]Violation, []GrowthRow) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var rows []GrowthRow
+	for _, name := range slices.Sorted(maps.Keys(g.procs)) {
+		p := g.procs[name]
+		if len(p.base) > 0 {
+			rows = append(rows, GrowthRow{Process: name, Base: maps.Clone(p.base), Max: maps.Clone(p.max)})
+		}
+	}
+	return slices.Clone(g.out), rows
+}
+
+// scrape reads the growth metrics of a /metrics page.
+func scrape(ctx context.Context, client *http.Client, url string) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		name, value, ok := strings.Cut(sc.Text(), " ")
+		if !ok || !slices.Contains(growthMetrics, name) {
+			continue
+		}
+		if v, err := strconv.ParseFloat(strings.TrimSpace(value), 64); err == nil {
+			out[name] = v
+		}
+	}
+	return out, sc.Err()
+}
+
+// CPU samples the host's CPU use from /proc/stat, once a second.
+type CPU struct {
+	mu      sync.Mutex
+	samples []cpuSample
+}
+
+type cpuSample struct {
+	at  time.Time
+	pct float64
+}
+
+func cpuTimes() (busy, total uint64, err error) {
+	f, err := os.Open("/proc/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	if !sc.Scan() {
+		return 0, 0, fmt.Errorf("/proc/stat: empty")
+	}
+	fields := strings.Fields(sc.Text())
+	if len(fields) < 5 || fields[0] != "cpu" {
+		return 0, 0, fmt.Errorf("/proc/stat: %q", sc.Text())
+	}
+	for i, s := range fields[1:] {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return 0, 0, err
+		}
+		total += v
+		if i != 3 && i != 4 { // idle, iowait
+			busy += v
+		}
+	}
+	return busy, total, nil
+}
+
+// Run samples until ctx ends.
+func (c *CPU) Run(ctx context.Context) {
+	pb, pt, err := cpuTimes()
+	if err != nil {
+		return
+	}
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			b, tot, err := cpuTimes()
+			if err != nil || tot == pt {
+				continue
+			}
+			c.mu.Lock()
+			c.samples = append(c.samples, cpuSample{at: now, pct: 100 * float64(b-pb) / float64(tot-pt)})
+			c.mu.Unlock()
+			pb, pt = b, tot
+		}
+	}
+}
+
+// Mean returns the mean CPU use between from and to, and whether any
+// sample fell in it.
+func (c *CPU) Mean(from, to time.Time) (float64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var sum float64
+	var n int
+	for _, s := range c.samples {
+		if !s.at.Before(from) && !s.at.After(to) {
+			sum += s.pct
+			n++
+		}
+	}
+	if n == 0 {
+		return 0, false
+	}
+	return sum / float64(n), true
+}
