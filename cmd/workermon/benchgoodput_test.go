@@ -20,6 +20,7 @@ import (
 
 	"github.com/workermon/workermon/api"
 	wmbench "github.com/workermon/workermon/bench"
+	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/syncbuf"
 )
 
@@ -33,6 +34,17 @@ import (
 func TestBenchGoodputPlumbing(t *testing.T) {
 	t.Parallel()
 	var progress syncbuf.Buffer
+	// The queue rows run with a decode threshold so low that one request
+	// makes a worker busy, so that requests queue however slowly a loaded
+	// machine runs the fleet (with the policy's 0.85, a 3-router row was
+	// seen without a queued request under -race); the rest is the
+	// benchmark's own.
+	policies := wmbench.Policies(true)
+	for i, p := range policies {
+		if p.Name == wmbench.PolicyQueue {
+			policies[i].Monitor.Thresholds.ActiveDecodeBlocks = events.Ptr(0.02)
+		}
+	}
 	stack := &inspectingStack{goodputStack: goodputStack{log: slog.New(slog.DiscardHandler)}}
 	res, err := wmbench.Goodput(t.Context(), wmbench.GoodputConfig{
 		Stack:     stack,
@@ -41,6 +53,7 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 		Capacity:  40, // 20 to 100 requests/s: far over what 4 tiny ranks serve
 		MaxDrain:  500 * time.Millisecond,
 		Scenarios: wmbench.Scenarios()[:1], // ramp
+		Policies:  policies,
 		Seed:      7,
 		Progress:  func(s string) { _, _ = progress.Write([]byte(s + "\n")) },
 	})
