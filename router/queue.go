@@ -644,6 +644,10 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 	switch v.kind {
 	case verdictDispatch:
 		rt.admission.Observe(ex.model, v.d)
+		// The request goes out on the dispatcher's decision: should every
+		// candidate fail, its next tier and rejection are that decision's,
+		// not those of the rejection it queued on.
+		ex.decision, ex.registered = v.d, rt.cfg.Registry.Endpoints(ex.model)
 		ex.preferred = &v.worker
 		return v.cands, true
 	case verdictEvicted:

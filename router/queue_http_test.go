@@ -526,3 +526,28 @@ func TestQueuePacingAcrossRouters(t *testing.T) {
 	t.Logf("%d queued requests sent in %v", sent, took)
 	cancel()
 }
+
+// TestQueueDispatchedFallsBackOnItsDecision: a request queued while every
+// worker was busy is dispatched to a worker that cannot be reached; the
+// record by then lists the other worker neither free nor busy, so the
+// dispatcher's decision lets it go there (§7: registered workers the record
+// does not list busy). The fallback must follow that decision, not the
+// all-busy rejection the request queued on (which answered 503).
+func TestQueueDispatchedFallsBackOnItsDecision(t *testing.T) {
+	t.Parallel()
+	env, _ := queueEnv(t, 30*time.Second, 0)
+	good := jsonEngine(t, "good")
+	env.putWorker(t, model, 1, closedEndpoint(t))
+	env.putWorker(t, model, 2, good.srv.URL)
+	env.putRecord(t, model, nil, []uint64{1, 2}, time.Now())
+	ch := env.send(t, t.Context(), queueBody, nil)
+	env.waitQueued(t, 1)
+	env.putRecord(t, model, []uint64{1}, nil, time.Now())
+	a := <-ch
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	if a.resp.StatusCode != http.StatusOK || a.resp.Header.Get("X-Engine") != "good" {
+		t.Fatalf("answer %d %s (engine %q), want 200 from worker 2", a.resp.StatusCode, a.body, a.resp.Header.Get("X-Engine"))
+	}
+}
