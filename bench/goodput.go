@@ -218,51 +218,31 @@ func Policies(quick bool) []Policy {
 // SelectPolicies returns the policies of Policies(quick) named in names,
 // in the order of the results; every policy when names is empty.
 func SelectPolicies(quick bool, names []string) ([]Policy, error) {
-	all := Policies(quick)
-	if len(names) == 0 {
-		return all, nil
-	}
-	var out []Policy
-	for _, p := range all {
-		if slices.Contains(names, p.Name) {
-			out = append(out, p)
-		}
-	}
-	for _, n := range names {
-		if !slices.ContainsFunc(all, func(p Policy) bool { return p.Name == n }) {
-			return nil, fmt.Errorf("%w: no policy %q (policies: %s)", ErrInvalidConfig, n, policyNames(all))
-		}
-	}
-	return out, nil
-}
-
-func policyNames(ps []Policy) string {
-	var s []string
-	for _, p := range ps {
-		s = append(s, p.Name)
-	}
-	return strings.Join(s, ", ")
+	return selectNamed("policy", Policies(quick), func(p Policy) string { return p.Name }, names)
 }
 
 // SelectScenarios returns the scenarios of Scenarios() named in names, in
 // their order; every scenario when names is empty.
 func SelectScenarios(names []string) ([]Scenario, error) {
-	all := Scenarios()
+	return selectNamed("scenario", Scenarios(), func(sc Scenario) string { return sc.Name }, names)
+}
+
+// selectNamed returns the items of all named in names, in all's order; all
+// when names is empty. A name of no item is an error that lists the names.
+func selectNamed[T any](kind string, all []T, name func(T) string, names []string) ([]T, error) {
 	if len(names) == 0 {
 		return all, nil
 	}
-	var out []Scenario
-	for _, sc := range all {
-		if slices.Contains(names, sc.Name) {
-			out = append(out, sc)
-		}
+	known := make([]string, len(all))
+	for i, it := range all {
+		known[i] = name(it)
 	}
 	for _, n := range names {
-		if !slices.ContainsFunc(all, func(sc Scenario) bool { return sc.Name == n }) {
-			return nil, fmt.Errorf("%w: no scenario %q (scenarios: %s, %s, %s)", ErrInvalidConfig, n, ScenarioRamp, ScenarioBurst, ScenarioShift)
+		if !slices.Contains(known, n) {
+			return nil, fmt.Errorf("%w: no %s %q (known: %s)", ErrInvalidConfig, kind, n, strings.Join(known, ", "))
 		}
 	}
-	return out, nil
+	return slices.DeleteFunc(slices.Clone(all), func(it T) bool { return !slices.Contains(names, name(it)) }), nil
 }
 
 // Names of the scenarios.
