@@ -48,39 +48,3 @@ func processRSSMB(pid int) float64 {
 	}
 	return 0
 }
-
-// cpuSample is the host's CPU time so far (/proc/stat), in ticks.
-type cpuSample struct{ busy, total uint64 }
-
-// hostCPU reads the host's CPU time, zero when unknown.
-func hostCPU() cpuSample {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return cpuSample{}
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	fields := strings.Fields(line)
-	if len(fields) < 5 || fields[0] != "cpu" {
-		return cpuSample{}
-	}
-	var s cpuSample
-	for i, f := range fields[1:] {
-		v, err := strconv.ParseUint(f, 10, 64)
-		if err != nil {
-			return cpuSample{}
-		}
-		s.total += v
-		if i != 3 && i != 4 { // idle, iowait
-			s.busy += v
-		}
-	}
-	return s
-}
-
-// busyPct is the host's CPU use from s to t, in % of all its cores.
-func (s cpuSample) busyPct(t cpuSample) float64 {
-	if t.total <= s.total {
-		return 0
-	}
-	return 100 * float64(t.busy-s.busy) / float64(t.total-s.total)
-}

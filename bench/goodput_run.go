@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/hostcpu"
 	"github.com/workermon/workermon/loadgen"
 	"github.com/workermon/workermon/sim"
 )
@@ -120,18 +121,20 @@ func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers i
 		}
 		return n
 	}
-	p0, cpu0 := preempted(), hostCPU()
+	p0 := preempted()
+	cpu0, _ := hostcpu.Read() // zero where unknown: the row's CPU figure is then 0
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- gen.Run(lctx) }()
 	end := time.After(shape.length)
-	var cpu1 cpuSample
+	var cpu1 hostcpu.Sample
 	drained := false
 	for !drained {
 		select {
 		case <-end:
-			cpu1, end = hostCPU(), nil
+			cpu1, _ = hostcpu.Read()
+			end = nil
 			tEnd := time.Now()
 			defer func() { st.drain = time.Since(tEnd) }()
 			// The drain: the last requests end within the timeout, but
@@ -175,7 +178,7 @@ func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers i
 		}
 	}
 	st.preemptions = preempted() - p0
-	st.cpuPct = cpu0.busyPct(cpu1)
+	st.cpuPct = cpu0.BusyPct(cpu1)
 	mu.Lock()
 	defer mu.Unlock()
 	return samples, st, nil

@@ -6,12 +6,13 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/workermon/workermon/internal/hostcpu"
 )
 
 // Growth follows the heap and goroutines of each monitor and router
@@ -152,36 +153,9 @@ type cpuSample struct {
 	pct float64
 }
 
-func cpuTimes() (busy, total uint64, err error) {
-	f, err := os.Open("/proc/stat")
-	if err != nil {
-		return 0, 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	if !sc.Scan() {
-		return 0, 0, fmt.Errorf("/proc/stat: empty")
-	}
-	fields := strings.Fields(sc.Text())
-	if len(fields) < 5 || fields[0] != "cpu" {
-		return 0, 0, fmt.Errorf("/proc/stat: %q", sc.Text())
-	}
-	for i, s := range fields[1:] {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return 0, 0, err
-		}
-		total += v
-		if i != 3 && i != 4 { // idle, iowait
-			busy += v
-		}
-	}
-	return busy, total, nil
-}
-
 // Run samples until ctx ends.
 func (c *CPU) Run(ctx context.Context) {
-	pb, pt, err := cpuTimes()
+	prev, err := hostcpu.Read()
 	if err != nil {
 		return
 	}
@@ -192,14 +166,14 @@ func (c *CPU) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			b, tot, err := cpuTimes()
-			if err != nil || tot == pt {
+			cur, err := hostcpu.Read()
+			if err != nil || cur.Total == prev.Total {
 				continue
 			}
 			c.mu.Lock()
-			c.samples = append(c.samples, cpuSample{at: now, pct: 100 * float64(b-pb) / float64(tot-pt)})
+			c.samples = append(c.samples, cpuSample{at: now, pct: prev.BusyPct(cur)})
 			c.mu.Unlock()
-			pb, pt = b, tot
+			prev = cur
 		}
 	}
 }
