@@ -1,12 +1,17 @@
 package main
 
 import (
+	"net/http/httptest"
 	"os"
 	"reflect"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/sim/stepengine"
@@ -268,6 +273,24 @@ func TestNATSConfigHasTheMappings(t *testing.T) {
 	for i, m := range want {
 		if got[i][1] != m.From || got[i][2] != m.To {
 			t.Errorf("mapping %d: %s → %s, want %s → %s", i, got[i][1], got[i][2], m.From, m.To)
+		}
+	}
+}
+
+// TestScrapeGrowth reads heap and goroutines off a real Prometheus page, as
+// a monitor's or a router's /metrics serves them.
+func TestScrapeGrowth(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector())
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	v, err := scrapeGrowth(t.Context(), srv.Client(), srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range growthMetrics {
+		if v[name] <= 0 {
+			t.Errorf("%s = %v, want a positive value (got %v)", name, v[name], v)
 		}
 	}
 }

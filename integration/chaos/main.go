@@ -538,7 +538,7 @@ func (d *driver) scrape(ctx context.Context) {
 			if isDown {
 				continue
 			}
-			v, err := scrape(ctx, client, targets[s]+"/metrics")
+			v, err := scrapeGrowth(ctx, client, targets[s]+"/metrics")
 			if err != nil {
 				continue
 			}

@@ -1,18 +1,16 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"maps"
 	"net/http"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/workermon/workermon/internal/hostcpu"
+	"github.com/workermon/workermon/scrape"
 )
 
 // Growth follows the heap and goroutines of each monitor and router
@@ -113,8 +111,8 @@ func (g *Growth) Close() ([]Violation, []GrowthRow) {
 	return slices.Clone(g.out), rows
 }
 
-// scrape reads the growth metrics of a /metrics page.
-func scrape(ctx context.Context, client *http.Client, url string) (map[string]float64, error) {
+// scrapeGrowth reads the growth metrics of a /metrics page.
+func scrapeGrowth(ctx context.Context, client *http.Client, url string) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
@@ -127,19 +125,17 @@ func scrape(ctx context.Context, client *http.Client, url string) (map[string]fl
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("%s: %s", url, resp.Status)
 	}
+	fams, err := scrape.Parse(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", url, err)
+	}
 	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		name, value, ok := strings.Cut(sc.Text(), " ")
-		if !ok || !slices.Contains(growthMetrics, name) {
-			continue
-		}
-		if v, err := strconv.ParseFloat(strings.TrimSpace(value), 64); err == nil {
-			out[name] = v
+	for _, name := range growthMetrics {
+		if f := fams[name]; f != nil && len(f.GetMetric()) == 1 && f.GetMetric()[0].GetGauge() != nil {
+			out[name] = f.GetMetric()[0].GetGauge().GetValue()
 		}
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // CPU samples the host's CPU use from /proc/stat, once a second.
