@@ -181,14 +181,17 @@ const SLOInterval = time.Second
 const SLOPercentile = 0.9
 
 // SLOPrefillMin and SLOPrefillMax are the `slo` policy's
-// --slo-prefill-range, in tokens: up to what one tiny rank's KV cache holds
-// (512 blocks of 16 tokens). The default range reaches 1048576 tokens, from
-// where the controller's steps (×1.24 to ×1.72 a move) would need a dozen
-// moves to reach a value that binds on a rank of this size; prompts over
-// what the cache holds cannot all be running anyway.
+// --slo-prefill-range, in tokens: up to one step's token budget of a tiny
+// rank (--max-batched-tokens 2048). More prompt tokens than a step computes
+// waiting on a rank means prompts queue behind each other there, which a
+// chat load under its capacity never does, so the top costs it nothing;
+// and a switch to long prompts meets a bound at once, not after the dozen
+// moves (×1.24 to ×1.72 each) that the default range's 1048576 tokens
+// would take to bind on a rank of this size. (With a top of 8192, the
+// cache's size, `slo` made 97 % of `thresholds-best` on `shift`.)
 const (
 	SLOPrefillMin = 1024
-	SLOPrefillMax = 8192
+	SLOPrefillMax = 2048
 )
 
 // Policies returns contract §16's policies, in the order of the results.

@@ -322,8 +322,12 @@ func Next(c Config, t Target, prev Status, w *Window) (Status, Move) {
 	}
 
 	// Smoothing: while the thresholds hold still, each judgment is
-	// smoothed with the previous one made at the same thresholds.
-	if prev.Smoothed {
+	// smoothed with the previous one made at the same thresholds. A
+	// collapse (more than twice the allowed share of misses) counts at once:
+	// smoothed, a sudden change of load would wait two intervals more
+	// before the first step down.
+	collapse := att < t.Percentile-(1-t.Percentile)
+	if prev.Smoothed && !collapse {
 		att = c.Smoothing*att + (1-c.Smoothing)*prev.Attainment
 		ratio = c.Smoothing*ratio + (1-c.Smoothing)*prev.Ratio
 	}

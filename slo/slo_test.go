@@ -336,3 +336,30 @@ func TestPoolPerSignal(t *testing.T) {
 		t.Errorf("the interval ITL collapsed: %s, move %d, ITL attainment %v; want lowering at once on 0.4", st.State, m, st.Measured.ITLAttainment)
 	}
 }
+
+// A collapse is judged at once; a smaller miss is smoothed with the
+// judgments made before at the same thresholds.
+func TestCollapseNotSmoothed(t *testing.T) {
+	t.Parallel()
+	c := slo.DefaultConfig()
+	target := slo.Target{ITLms: 50, Percentile: 0.9}
+	steady := slo.Status{State: slo.StateSteady, Suggested: slo.Thresholds{Decode: 0.85, Prefill: 8192}, Step: c.DecodeStep,
+		Holds: 3, Attainment: 0.99, Ratio: 0.5, Smoothed: true}
+	for _, tc := range []struct {
+		name  string
+		good  float64
+		state slo.State
+		move  slo.Move
+		att   float64
+	}{
+		// 0.3 × 0.7 + 0.7 × 0.99 = 0.903 smoothed: it would hold.
+		{"collapse: down at once", 0.7, slo.StateLowering, -1, 0.7},
+		// 0.3 × 0.85 + 0.7 × 0.99 = 0.948: a small miss waits.
+		{"small miss: smoothed", 0.85, slo.StateSteady, 0, 0.948},
+	} {
+		st, m := slo.Next(c, target, steady, window(100, tc.good, 0))
+		if st.State != tc.state || m != tc.move || math.Abs(st.Attainment-tc.att) > 0.005 {
+			t.Errorf("%s: Next = %s %+d attainment %.3f, want %s %+d %.3f", tc.name, st.State, m, st.Attainment, tc.state, tc.move, tc.att)
+		}
+	}
+}
