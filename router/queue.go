@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strconv"
@@ -293,8 +294,10 @@ type modelQueue struct {
 	byClass [admission.NumClasses]int
 	seq     uint64
 	running bool // the dispatcher goroutine runs
-	// handed is when this router last handed each worker a queued request,
-	// within the last pacing interval (older entries are dropped).
+	// handed is, per worker, the earliest time this router may hand it a
+	// queued request: a hand-off puts it one pacing interval ahead, and a
+	// worker first seen free gets a random phase within the interval (see
+	// firstTurn). Entries are dropped one interval after they come due.
 	handed map[uint64]time.Time
 }
 
@@ -458,8 +461,8 @@ func (mq *modelQueue) run() {
 func (mq *modelQueue) dispatchLocked(now time.Time) {
 	deps := &mq.q.deps
 	interval := mq.q.pace * time.Duration(max(1, min(deps.routers(mq.model), 1<<16)))
-	for id, t := range mq.handed {
-		if now.Sub(t) >= interval {
+	for id, next := range mq.handed {
+		if now.Sub(next) >= interval {
 			delete(mq.handed, id)
 		}
 	}
@@ -479,18 +482,37 @@ func (mq *modelQueue) dispatchLocked(now time.Time) {
 		}
 		cands := d.Candidates(nil, registered)
 		free := slices.DeleteFunc(slices.Clone(cands), func(e events.WorkerEntry) bool {
-			_, handed := mq.handed[e.WorkerID]
-			return handed
+			next, seen := mq.handed[e.WorkerID]
+			if !seen {
+				next = now.Add(firstTurn(mq.q.pace, interval))
+				mq.handed[e.WorkerID] = next
+			}
+			return now.Before(next)
 		})
 		worker, ok := deps.pick(free)
 		if !ok {
 			return
 		}
-		mq.handed[worker.WorkerID] = now
+		mq.handed[worker.WorkerID] = now.Add(interval)
 		mq.popLocked(w)
 		mq.q.metrics.wait[w.class][queueDispatched].Observe(now.Sub(w.since).Seconds())
 		w.done <- verdict{kind: verdictDispatch, worker: worker, d: d, cands: cands}
 	}
+}
+
+// firstTurn returns when, from now, a router may hand a worker it sees
+// free for the first time its first queued request: at a uniformly random
+// phase of the pacing interval, less one pace (at once when that is not
+// positive). Each of N routers then takes its first turn within the first
+// pace with a probability of 1/N, so that together they hand a freed worker
+// about one queued request in its first pace, as in every later one, rather
+// than N on their next ticks before the record can show the first (contract
+// §17). A single router (interval = pace) always hands at once.
+func firstTurn(pace, interval time.Duration) time.Duration {
+	if interval <= pace {
+		return 0
+	}
+	return time.Duration(rand.Int64N(int64(interval))) - pace
 }
 
 // releaseAllLocked lets every queued request go, in queue order.
