@@ -54,9 +54,6 @@ type exchange struct {
 	// forward).
 	decision   admission.Decision
 	registered []events.WorkerEntry
-	// fallback lets dispatch go on with nextTier once the candidates it
-	// was given have all failed, once.
-	fallback bool
 }
 
 // serveInference proxies a POST /v1/completions or /v1/chat/completions.
@@ -158,9 +155,7 @@ func (ex *exchange) forward(body []byte, cands []events.WorkerEntry) {
 		mig = newMigration(body)
 	}
 	dispatched := time.Now()
-	ex.fallback = true
-	up, err := ex.dispatch(body, cands, mig != nil, mig != nil)
-	ex.fallback = false
+	up, err := ex.dispatch(body, cands, mig != nil, mig != nil, true)
 	if err != nil {
 		if errors.Is(err, ErrNoneAnswered) && ex.r.Context().Err() == nil && ex.busyLeft() {
 			// Every worker the request could use failed (an engine just
@@ -339,9 +334,10 @@ func (u *upstream) isEventStream() bool {
 // another one tried, at most MaxRetries times; a failure on a reused
 // connection (the engine may have closed it while idle) is first retried once
 // on the same worker. identity asks the worker for an uncompressed response.
-// The error matches ErrNoneAnswered, ErrUpstreamTimeout, or the request
+// With fallBack, once every candidate has failed, dispatch goes on once with
+// the decision's next tier (nextTier). The error matches ErrNoneAnswered, ErrUpstreamTimeout, or the request
 // context's error when the client went away.
-func (ex *exchange) dispatch(body []byte, cands []events.WorkerEntry, identity, continuable bool) (*upstream, error) {
+func (ex *exchange) dispatch(body []byte, cands []events.WorkerEntry, identity, continuable, fallBack bool) (*upstream, error) {
 	rt := ex.rt
 	var lastErr error
 	failures, sameRetried := 0, false
@@ -357,11 +353,9 @@ attempts:
 			worker, ex.preferred = *ex.preferred, nil
 		default:
 			var ok bool
-			if worker, ok = ex.pick(cands); !ok && ex.fallback {
-				ex.fallback = false
-				next := ex.nextTier()
-				if len(next) > 0 {
-					cands = next
+			if worker, ok = ex.pick(cands); !ok && fallBack {
+				fallBack = false
+				if cands = ex.nextTier(); len(cands) > 0 {
 					worker, ok = ex.pick(cands)
 				}
 			}
@@ -413,24 +407,19 @@ attempts:
 // §15: free, then busy minus hard); for any, the registered workers the
 // record does not list busy (§7). Empty when there are none.
 func (ex *exchange) nextTier() []events.WorkerEntry {
-	var rest []events.WorkerEntry
-	for _, e := range ex.registered {
-		if !slices.Contains(ex.tried, e.WorkerID) {
-			rest = append(rest, e)
-		}
-	}
-	return ex.decision.Candidates(nil, rest)
+	return ex.decision.Candidates(nil, ex.untried())
 }
 
 // busyLeft reports whether a registered worker that was not tried is one
 // the record lists busy for the request's class.
 func (ex *exchange) busyLeft() bool {
-	for _, e := range ex.registered {
-		if !slices.Contains(ex.tried, e.WorkerID) && ex.decision.IsBusy(e.WorkerID) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(ex.untried(), func(e events.WorkerEntry) bool { return ex.decision.IsBusy(e.WorkerID) })
+}
+
+// untried returns the registered workers the request has not been sent to.
+// Only a request whose candidates have all failed asks.
+func (ex *exchange) untried() []events.WorkerEntry {
+	return slices.DeleteFunc(slices.Clone(ex.registered), func(e events.WorkerEntry) bool { return slices.Contains(ex.tried, e.WorkerID) })
 }
 
 // pick chooses the worker of the next attempt among the candidates not

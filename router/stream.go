@@ -339,7 +339,7 @@ func (ex *exchange) migrate(st *streamState, cut *upstream, cause error) *upstre
 			break
 		}
 		cands := d.Candidates(nil, rt.cfg.Registry.Endpoints(ex.model))
-		up, err := ex.dispatch(body, cands, true, st.migrations < rt.cfg.MigrationLimit)
+		up, err := ex.dispatch(body, cands, true, st.migrations < rt.cfg.MigrationLimit, false)
 		if err != nil {
 			if ex.r.Context().Err() != nil {
 				ex.clientGone()
