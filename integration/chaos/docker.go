@@ -24,18 +24,30 @@ type Stack struct {
 	net string            // the project's network
 }
 
-// compose runs a compose command of the project.
-func (s *Stack) compose(ctx context.Context, args ...string) (string, error) {
+// cmdTimeout bounds each docker and compose command, so that a docker
+// that hangs cannot wedge the run; upTimeout bounds compose up, which
+// creates and starts several containers, and downTimeout compose down.
+const (
+	cmdTimeout  = time.Minute
+	upTimeout   = 3 * time.Minute
+	downTimeout = 2 * time.Minute
+)
+
+// compose runs a compose command of the project, bounded by timeout.
+func (s *Stack) compose(ctx context.Context, timeout time.Duration, args ...string) (string, error) {
 	full := append(append(append([]string(nil), s.Compose[1:]...), "-p", s.Project, "-f", s.File), args...)
-	return runCmd(ctx, s.Compose[0], full...)
+	return runCmd(ctx, timeout, s.Compose[0], full...)
 }
 
 // docker runs a docker command.
 func (s *Stack) docker(ctx context.Context, args ...string) (string, error) {
-	return runCmd(ctx, s.Docker, args...)
+	return runCmd(ctx, cmdTimeout, s.Docker, args...)
 }
 
-func runCmd(ctx context.Context, name string, args ...string) (string, error) {
+// runCmd runs a command, killed when ctx ends or timeout passes.
+func runCmd(ctx context.Context, timeout time.Duration, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -57,7 +69,7 @@ func lastLines(s string, n int) string {
 // Up starts the given services (all when none) and waits until each one's
 // healthcheck passes.
 func (s *Stack) Up(ctx context.Context, timeout time.Duration, services ...string) error {
-	if _, err := s.compose(ctx, append([]string{"up", "-d", "--no-recreate"}, services...)...); err != nil {
+	if _, err := s.compose(ctx, upTimeout, append([]string{"up", "-d", "--no-recreate"}, services...)...); err != nil {
 		return err
 	}
 	return s.WaitHealthy(ctx, timeout, services...)
@@ -120,7 +132,7 @@ func (s *Stack) ID(ctx context.Context, service string) (string, error) {
 	if ok {
 		return id, nil
 	}
-	out, err := s.compose(ctx, "ps", "-q", service)
+	out, err := s.compose(ctx, cmdTimeout, "ps", "-q", service)
 	if err != nil {
 		return "", err
 	}
@@ -237,8 +249,6 @@ func (s *Stack) Logs(ctx context.Context, service string, n int) string {
 // Down removes the project: containers, network, volumes. It uses a
 // context of its own, so that it runs after an interrupted run too.
 func (s *Stack) Down() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	_, err := s.compose(ctx, "down", "-v", "--remove-orphans", "-t", "2")
+	_, err := s.compose(context.Background(), downTimeout, "down", "-v", "--remove-orphans", "-t", "2")
 	return err
 }

@@ -303,7 +303,9 @@ func (d *driver) run(ctx context.Context) (*Results, error) {
 			d.violate(v)
 			d.printf("fault #%d: NO final state within %v: %s", f.N, recoveryWithin, why)
 			for _, m := range d.cfg.topology().Monitors {
-				d.printf("--- last log lines of %s ---\n%s", m, d.st.Logs(context.Background(), m, 15))
+				lctx, cancel := healContext(ctx)
+				d.printf("--- last log lines of %s ---\n%s", m, d.st.Logs(lctx, m, 15))
+				cancel()
 			}
 		}
 		done = append(done, fr)
@@ -345,6 +347,17 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 	}
 }
 
+// healTimeout bounds a heal (and the failure logs) that runs on after the
+// run's context ended.
+const healTimeout = 30 * time.Second
+
+// healContext is the context of a heal: not cancelled with ctx, so that a
+// paused or cut monitor is healed after Ctrl-C too, but bounded, so that it
+// cannot hang.
+func healContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), healTimeout)
+}
+
 // FaultResult is one injected fault and how the stack came back.
 type FaultResult struct {
 	Fault
@@ -377,7 +390,9 @@ func (d *driver) inject(ctx context.Context, f Fault) (FaultResult, error) {
 			return fr, err
 		}
 		sleepUntil(ctx, fr.Start.Add(f.Down))
-		err = d.st.Signal(context.Background(), f.Target, "CONT")
+		hctx, cancel := healContext(ctx)
+		err = d.st.Signal(hctx, f.Target, "CONT")
+		cancel()
 	case RestartNATS:
 		d.down(f.Target)
 		if err = d.st.Stop(ctx, f.Target); err != nil {
@@ -392,7 +407,9 @@ func (d *driver) inject(ctx context.Context, f Fault) (FaultResult, error) {
 			return fr, err
 		}
 		sleepUntil(ctx, fr.Start.Add(f.Down))
-		err = d.st.Connect(context.Background(), f.Target)
+		hctx, cancel := healContext(ctx)
+		err = d.st.Connect(hctx, f.Target)
+		cancel()
 	}
 	fr.Healed = time.Now()
 	if err != nil {
