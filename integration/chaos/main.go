@@ -347,6 +347,10 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 	}
 }
 
+// restartHealthy is how long a restarted router or engine has to pass its
+// healthcheck again.
+const restartHealthy = time.Minute
+
 // healTimeout bounds a heal (and the failure logs) that runs on after the
 // run's context ended.
 const healTimeout = 30 * time.Second
@@ -420,7 +424,10 @@ func (d *driver) inject(ctx context.Context, f Fault) (FaultResult, error) {
 	case KillRouter, KillEngine:
 		// Down until its healthcheck passes again.
 		d.bg.Go(func() {
-			_ = d.st.WaitHealthy(ctx, time.Minute, f.Target)
+			if err := d.st.WaitHealthy(ctx, restartHealthy, f.Target); err != nil && ctx.Err() == nil {
+				d.violate(Violation{At: time.Now(), Rule: RuleRecovery, Fault: f.N,
+					What: fmt.Sprintf("%s not healthy within %v of its restart after fault %s: %v", f.Target, restartHealthy, f, err)})
+			}
 			d.up(f.Target)
 		})
 	default:
