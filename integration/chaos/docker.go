@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -177,50 +178,42 @@ func (s *Stack) Network(ctx context.Context, service string) (string, error) {
 
 // Signal sends a signal to a service's process (KILL, STOP, CONT).
 func (s *Stack) Signal(ctx context.Context, service, sig string) error {
-	id, err := s.ID(ctx, service)
-	if err != nil {
-		return err
-	}
-	_, err = s.docker(ctx, "kill", "--signal", sig, id)
-	return err
+	return s.container(ctx, service, "kill", "--signal", sig)
 }
 
 // Stop stops a service's container (SIGTERM, then SIGKILL after 10 s).
 func (s *Stack) Stop(ctx context.Context, service string) error {
-	id, err := s.ID(ctx, service)
-	if err != nil {
-		return err
-	}
-	_, err = s.docker(ctx, "stop", "-t", "10", id)
-	return err
+	return s.container(ctx, service, "stop", "-t", "10")
 }
 
 // Start starts a stopped or killed service's container again.
 func (s *Stack) Start(ctx context.Context, service string) error {
+	return s.container(ctx, service, "start")
+}
+
+// container runs `docker args... <the service's container>`.
+func (s *Stack) container(ctx context.Context, service string, args ...string) error {
 	id, err := s.ID(ctx, service)
 	if err != nil {
 		return err
 	}
-	_, err = s.docker(ctx, "start", id)
+	_, err = s.docker(ctx, append(args, id)...)
 	return err
 }
 
 // Disconnect cuts a service from the project's network.
 func (s *Stack) Disconnect(ctx context.Context, service string) error {
-	id, err := s.ID(ctx, service)
-	if err != nil {
-		return err
-	}
-	nw, err := s.Network(ctx, service)
-	if err != nil {
-		return err
-	}
-	_, err = s.docker(ctx, "network", "disconnect", "--force", nw, id)
-	return err
+	return s.network(ctx, service, "disconnect", "--force")
 }
 
 // Connect puts a service back on the project's network under its name.
 func (s *Stack) Connect(ctx context.Context, service string) error {
+	return s.network(ctx, service, "connect", "--alias", service)
+}
+
+// network runs `docker network args... <the project's network> <the
+// service's container>`.
+func (s *Stack) network(ctx context.Context, service string, args ...string) error {
 	id, err := s.ID(ctx, service)
 	if err != nil {
 		return err
@@ -229,7 +222,7 @@ func (s *Stack) Connect(ctx context.Context, service string) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.docker(ctx, "network", "connect", "--alias", service, nw, id)
+	_, err = s.docker(ctx, slices.Concat([]string{"network"}, args, []string{nw, id})...)
 	return err
 }
 
