@@ -248,12 +248,12 @@ func TestFinal(t *testing.T) {
 }
 
 func TestRatedCapacityOfTiny(t *testing.T) {
-	c, ok := profile(stepengine.ProfileTiny)
-	if !ok {
-		t.Fatal("no tiny profile")
+	p, err := stepengine.LookupProfile(stepengine.ProfileTiny)
+	if err != nil {
+		t.Fatal(err)
 	}
 	// docs/performance.md: 11.25-12.5 requests/s measured for 4 workers
-	if r := ratedRPS(c); r < 2.8 || r > 3.3 {
+	if r := ratedRPS(p.Config); r < 2.8 || r > 3.3 {
 		t.Errorf("tiny rated at %.2f requests/s, want about 3", r)
 	}
 }

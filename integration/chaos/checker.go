@@ -16,6 +16,7 @@ import (
 	"github.com/workermon/workermon/api"
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/kvbucket"
 	"github.com/workermon/workermon/internal/kvwatch"
 )
 
@@ -66,8 +67,7 @@ func newChecker(ctx context.Context, cfg Config, log *slog.Logger) (*Checker, er
 // before any engine starts (an engine would create it with one).
 func (c *Checker) ProvisionWorkers(ctx context.Context) error {
 	return retryFor(ctx, 30*time.Second, func(ctx context.Context) error {
-		_, err := c.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket: events.WorkersBucket, History: 1, TTL: 30 * time.Second, Replicas: 3})
+		_, err := c.js.CreateOrUpdateKeyValue(ctx, kvbucket.Config(events.WorkersBucket, 3))
 		return err
 	})
 }

@@ -36,7 +36,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/retry"
+	"github.com/workermon/workermon/monitor"
 	"github.com/workermon/workermon/sim/stepengine"
 )
 
@@ -54,11 +57,12 @@ type Config struct {
 }
 
 // chaosConfig is the stack of deploy/chaos/compose.yml with its ports'
-// prefix.
+// prefix; the compose file runs the monitors and routers with the default
+// intervals.
 func chaosConfig(prefix string) Config {
 	c := Config{Monitors: map[string]string{}, Routers: map[string]string{}, Engines: map[string]string{},
-		Partitions: 8, LeaseTTL: 3 * time.Second, Heartbeat: 2 * time.Second,
-		StaleAfter: 10 * time.Second, StaleListAfter: 10 * time.Second}
+		Partitions: 8, LeaseTTL: busylist.DefaultLeaseTTL, Heartbeat: busylist.DefaultHeartbeat,
+		StaleAfter: monitor.DefaultStaleAfter, StaleListAfter: busylist.DefaultStaleListAfter}
 	for n := 1; n <= 3; n++ {
 		c.NATSURLs = append(c.NATSURLs, fmt.Sprintf("nats://127.0.0.1:%s2%d", prefix, n))
 		c.Monitors[fmt.Sprintf("monitor-%d", n)] = fmt.Sprintf("http://127.0.0.1:%s9%d", prefix, n)
@@ -251,11 +255,11 @@ func (d *driver) run(ctx context.Context) (*Results, error) {
 	s, _ := ck.Snapshot(ctx, d.cfg.Monitors, nil, d.cfg.models())
 	d.printf("stack ready: %s", holders(s))
 
-	prof, ok := profile(stepengine.ProfileTiny)
-	if !ok {
-		return nil, errors.New("no tiny profile")
+	prof, err := stepengine.LookupProfile(stepengine.ProfileTiny)
+	if err != nil {
+		return nil, err
 	}
-	per := ratedRPS(prof)
+	per := ratedRPS(prof.Config)
 	rate := 1.2 * per * float64(len(d.cfg.Engines))
 	load := &Load{Routers: d.cfg.Routers, Models: d.cfg.models(), RPS: rate, Seed: d.seed, Timeout: time.Minute,
 		Down: d, OnViolation: func(at time.Time, what string) { d.violate(Violation{At: at, Rule: RuleAnswer, What: what}) }}
@@ -274,7 +278,7 @@ func (d *driver) run(ctx context.Context) (*Results, error) {
 		if judged.After(at) {
 			at = judged
 		}
-		if !sleepUntil(ctx, at) {
+		if !retry.Sleep(ctx, time.Until(at)) {
 			break
 		}
 		if len(d.faults) > 0 && d.duration >= shortRun && time.Since(start)+f.Down > d.duration {
@@ -311,7 +315,7 @@ func (d *driver) run(ctx context.Context) (*Results, error) {
 		done = append(done, fr)
 		_ = i
 	}
-	sleepUntil(ctx, start.Add(d.duration))
+	retry.Sleep(ctx, time.Until(start.Add(d.duration)))
 	d.printf("stopping the load")
 	stopLoad()
 	lwg.Wait()
@@ -328,24 +332,6 @@ func (d *driver) run(ctx context.Context) (*Results, error) {
 // recoveryWithin is how long after a fault healed the final state must be
 // back (contract §20).
 const recoveryWithin = 20 * time.Second
-
-func profile(name string) (stepengine.Config, bool) {
-	for _, p := range stepengine.Profiles() {
-		if p.Name == name {
-			return p.Config, true
-		}
-	}
-	return stepengine.Config{}, false
-}
-
-func sleepUntil(ctx context.Context, t time.Time) bool {
-	select {
-	case <-ctx.Done():
-		return false
-	case <-time.After(time.Until(t)):
-		return true
-	}
-}
 
 // restartHealthy is how long a restarted router or engine has to pass its
 // healthcheck again.
@@ -385,7 +371,7 @@ func (d *driver) inject(ctx context.Context, f Fault) (FaultResult, error) {
 		if err = d.st.Signal(ctx, f.Target, "KILL"); err != nil {
 			return fr, err
 		}
-		sleepUntil(ctx, fr.Start.Add(f.Down))
+		retry.Sleep(ctx, time.Until(fr.Start.Add(f.Down)))
 		err = d.st.Start(ctx, f.Target)
 		d.restarted(f.Target)
 	case PauseMonitor:
@@ -393,7 +379,7 @@ func (d *driver) inject(ctx context.Context, f Fault) (FaultResult, error) {
 		if err = d.st.Signal(ctx, f.Target, "STOP"); err != nil {
 			return fr, err
 		}
-		sleepUntil(ctx, fr.Start.Add(f.Down))
+		retry.Sleep(ctx, time.Until(fr.Start.Add(f.Down)))
 		hctx, cancel := healContext(ctx)
 		err = d.st.Signal(hctx, f.Target, "CONT")
 		cancel()
@@ -402,7 +388,7 @@ func (d *driver) inject(ctx context.Context, f Fault) (FaultResult, error) {
 		if err = d.st.Stop(ctx, f.Target); err != nil {
 			return fr, err
 		}
-		sleepUntil(ctx, time.Now().Add(f.Down))
+		retry.Sleep(ctx, f.Down)
 		err = d.st.Start(ctx, f.Target)
 		d.restarted(f.Target)
 	case CutMonitor:
@@ -410,7 +396,7 @@ func (d *driver) inject(ctx context.Context, f Fault) (FaultResult, error) {
 		if err = d.st.Disconnect(ctx, f.Target); err != nil {
 			return fr, err
 		}
-		sleepUntil(ctx, fr.Start.Add(f.Down))
+		retry.Sleep(ctx, time.Until(fr.Start.Add(f.Down)))
 		hctx, cancel := healContext(ctx)
 		err = d.st.Connect(hctx, f.Target)
 		cancel()
@@ -522,7 +508,7 @@ func (d *driver) untilFinal(ctx context.Context, within time.Duration) (time.Dur
 		if time.Since(start) > within {
 			return 0, why, nil
 		}
-		if !sleepUntil(ctx, time.Now().Add(pollEvery)) {
+		if !retry.Sleep(ctx, pollEvery) {
 			return 0, "", ctx.Err()
 		}
 	}
