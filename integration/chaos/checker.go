@@ -247,7 +247,7 @@ type busySink Checker
 func (s *busySink) Reset() {}
 func (s *busySink) Apply(e jetstream.KeyValueEntry, now time.Time) error {
 	if e.Operation() != jetstream.KeyValuePut {
-		s.records.Deleted(e.Key(), e.Revision(), 0, now)
+		s.records.Deleted(e.Key(), e.Revision())
 		return nil
 	}
 	rec, err := events.DecodeBusySet(e.Value())

@@ -147,22 +147,6 @@ func (f *Fleet) Check(rec events.BusySet, now time.Time) string {
 	return strings.Join(bad, "; ")
 }
 
-// Models returns the models the fleet reported.
-func (f *Fleet) Models() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	seen := map[string]bool{}
-	for k := range f.workers {
-		seen[k.model] = true
-	}
-	var out []string
-	for m := range seen {
-		out = append(out, m)
-	}
-	slices.Sort(out)
-	return out
-}
-
 func ptrString(p *float64) string {
 	if p == nil {
 		return "unset"

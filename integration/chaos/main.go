@@ -273,7 +273,7 @@ func (d *driver) run(ctx context.Context) (*Results, error) {
 	var done []FaultResult
 	healed := start
 	judged := start
-	for i, f := range d.faults {
+	for _, f := range d.faults {
 		at := healed.Add(f.Gap)
 		if judged.After(at) {
 			at = judged
@@ -281,7 +281,7 @@ func (d *driver) run(ctx context.Context) (*Results, error) {
 		if !retry.Sleep(ctx, time.Until(at)) {
 			break
 		}
-		if len(d.faults) > 0 && d.duration >= shortRun && time.Since(start)+f.Down > d.duration {
+		if d.duration >= shortRun && time.Since(start)+f.Down > d.duration {
 			break
 		}
 		fr, err := d.inject(ctx, f)
@@ -313,7 +313,6 @@ func (d *driver) run(ctx context.Context) (*Results, error) {
 			}
 		}
 		done = append(done, fr)
-		_ = i
 	}
 	retry.Sleep(ctx, time.Until(start.Add(d.duration)))
 	d.printf("stopping the load")

@@ -41,7 +41,6 @@ type recordKey struct {
 	// the newest record seen (by revision)
 	latest    events.BusySet
 	latestRev uint64
-	seenAt    time.Time // when latest was seen
 	// the updated_at values seen, to find the gaps between puts
 	lastUpdated int64
 	// open fail-open window: since when the record has been stale
@@ -101,7 +100,7 @@ func (r *Records) Observe(key string, rev uint64, rec events.BusySet, now time.T
 		k.rev, k.epoch, k.seq, k.mon = rev, rec.Epoch, rec.Seq, rec.MonitorID
 	}
 	if rev > k.latestRev {
-		k.latest, k.latestRev, k.seenAt = rec, rev, now
+		k.latest, k.latestRev = rec, rev
 	}
 	r.updated(key, k, rec.UpdatedAt)
 }
@@ -122,28 +121,21 @@ func (r *Records) updated(key string, k *recordKey, at int64) {
 	k.lastUpdated = at
 }
 
-// Deleted notes a delete marker of key at rev with its epoch (0 when the
-// marker carries none).
-func (r *Records) Deleted(key string, rev, epoch uint64, now time.Time) {
+// Deleted notes a delete marker of key at rev: a marker carries no
+// epoch, so it only moves the last checked revision on.
+func (r *Records) Deleted(key string, rev uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	k := r.keys[key]
 	if k == nil {
 		return
 	}
-	if rev > k.rev && epoch != 0 && epoch < k.epoch {
-		r.out = append(r.out, Violation{At: now, Rule: RuleEpoch, What: fmt.Sprintf(
-			"%s: a delete marker of epoch %d after a record of epoch %d", key, epoch, k.epoch)})
-	}
 	if rev > k.rev {
 		k.rev = rev
-		if epoch > k.epoch {
-			k.epoch, k.seq = epoch, 0
-		}
 	}
 }
 
-// Latest returns the newest record of each key, with when it was seen.
+// Latest returns the newest record of each key.
 func (r *Records) Latest() map[string]events.BusySet {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -150,11 +150,11 @@ func (r *Results) print(w io.Writer) {
 	for _, f := range r.Faults {
 		state := fmt.Sprintf("final state %v after healing", f.Recovery.Round(time.Millisecond))
 		if f.Failed != "" {
-			state = "NO final state within 20 s"
+			state = fmt.Sprintf("NO final state within %v", recoveryWithin)
 		}
 		inc := ""
 		if f.Inconclusive {
-			inc = ", INCONCLUSIVE (CPU above 90 %)"
+			inc = fmt.Sprintf(", INCONCLUSIVE (CPU above %d %%)", cpuInconclusive)
 		}
 		fmt.Fprintf(w, "  #%-3d %-14s %-10s down %-6v %s, CPU %.0f %%%s\n", f.N, f.Kind, f.Target,
 			f.Healed.Sub(f.Start).Round(100*time.Millisecond), state, f.CPU, inc)
@@ -184,12 +184,14 @@ func (r *Results) print(w io.Writer) {
 	if r.CheckerBlindMS > 0 {
 		fmt.Fprintf(w, "the checker could not read the bucket for %.0f ms in all\n", r.CheckerBlindMS)
 	}
-	fmt.Fprintf(w, "inconclusive: %d\n", len(r.Inconclusive))
-	for _, v := range r.Inconclusive {
-		fmt.Fprintf(w, "  %s %s (fault #%d): %s\n", v.At.Format("15:04:05.000"), v.Rule, v.Fault, v.What)
-	}
-	fmt.Fprintf(w, "violations: %d\n", len(r.Violations))
-	for _, v := range r.Violations {
+	printViolations(w, "inconclusive", r.Inconclusive)
+	printViolations(w, "violations", r.Violations)
+}
+
+// printViolations writes a heading with the count, then one line each.
+func printViolations(w io.Writer, heading string, vs []Violation) {
+	fmt.Fprintf(w, "%s: %d\n", heading, len(vs))
+	for _, v := range vs {
 		fmt.Fprintf(w, "  %s %s (fault #%d): %s\n", v.At.Format("15:04:05.000"), v.Rule, v.Fault, v.What)
 	}
 }
