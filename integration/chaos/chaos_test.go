@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"net/http/httptest"
 	"os"
 	"reflect"
@@ -292,5 +293,26 @@ func TestScrapeGrowth(t *testing.T) {
 		if v[name] <= 0 {
 			t.Errorf("%s = %v, want a positive value (got %v)", name, v[name], v)
 		}
+	}
+}
+
+// TestCPUAround: a fault is inconclusive only when the CPU stayed above
+// the bound (contract §20), so Around gives the lowest sample as well as
+// the mean: 95, 95 and 85 average over 90 % but did not stay above it.
+func TestCPUAround(t *testing.T) {
+	t0 := time.Now()
+	c := &CPU{}
+	for i, pct := range []float64{20, 95, 95, 85, 10} {
+		c.samples = append(c.samples, cpuSample{at: t0.Add(time.Duration(i) * time.Second), pct: pct})
+	}
+	mean, lowest, ok := c.Around(t0.Add(time.Second), t0.Add(3*time.Second))
+	if !ok || math.Abs(mean-275.0/3) > 1e-9 || lowest != 85 {
+		t.Fatalf("Around = %v, %v, %v; want mean 91.67, lowest 85", mean, lowest, ok)
+	}
+	if mean <= cpuInconclusive || lowest > cpuInconclusive {
+		t.Fatalf("the example no longer separates the mean from the lowest sample")
+	}
+	if _, _, ok := c.Around(t0.Add(10*time.Second), t0.Add(20*time.Second)); ok {
+		t.Fatal("Around found samples in a window without any")
 	}
 }

@@ -174,21 +174,24 @@ func (c *CPU) Run(ctx context.Context) {
 	}
 }
 
-// Mean returns the mean CPU use between from and to, and whether any
-// sample fell in it.
-func (c *CPU) Mean(from, to time.Time) (float64, bool) {
+// Around returns the mean and the lowest of the CPU samples between from
+// and to, and whether any sample fell in it.
+func (c *CPU) Around(from, to time.Time) (mean, lowest float64, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var sum float64
 	var n int
 	for _, s := range c.samples {
 		if !s.at.Before(from) && !s.at.After(to) {
+			if n == 0 || s.pct < lowest {
+				lowest = s.pct
+			}
 			sum += s.pct
 			n++
 		}
 	}
 	if n == 0 {
-		return 0, false
+		return 0, 0, false
 	}
-	return sum / float64(n), true
+	return sum / float64(n), lowest, true
 }

@@ -31,8 +31,8 @@ type Results struct {
 	recovery       []time.Duration
 }
 
-// cpuInconclusive is the host CPU use above which a fault is inconclusive
-// (contract §20).
+// cpuInconclusive is the host CPU use above which every second around a
+// fault makes it inconclusive (contract §20: "stayed above 90 %").
 const cpuInconclusive = 90
 
 func (d *driver) results(start, end time.Time, faults []FaultResult, load *Load) *Results {
@@ -41,9 +41,9 @@ func (d *driver) results(start, end time.Time, faults []FaultResult, load *Load)
 	// CPU around each fault: from 5 s before it to its judgement.
 	for i := range faults {
 		f := &faults[i]
-		if pct, ok := d.cpu.Mean(f.Start.Add(-5*time.Second), f.Judged); ok {
-			f.CPU = math.Round(pct*10) / 10
-			f.Inconclusive = pct > cpuInconclusive
+		if mean, lowest, ok := d.cpu.Around(f.Start.Add(-5*time.Second), f.Judged); ok {
+			f.CPU = math.Round(mean*10) / 10
+			f.Inconclusive = lowest > cpuInconclusive
 		}
 		r.FaultsByKind[f.Kind]++
 		if f.Failed == "" && !f.Judged.IsZero() {
@@ -154,7 +154,7 @@ func (r *Results) print(w io.Writer) {
 		}
 		inc := ""
 		if f.Inconclusive {
-			inc = fmt.Sprintf(", INCONCLUSIVE (CPU above %d %%)", cpuInconclusive)
+			inc = fmt.Sprintf(", INCONCLUSIVE (CPU stayed above %d %%)", cpuInconclusive)
 		}
 		fmt.Fprintf(w, "  #%-3d %-14s %-10s down %-6v %s, CPU %.0f %%%s\n", f.N, f.Kind, f.Target,
 			f.Healed.Sub(f.Start).Round(100*time.Millisecond), state, f.CPU, inc)
