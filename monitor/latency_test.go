@@ -118,8 +118,13 @@ func TestControlledThresholds(t *testing.T) {
 	})
 }
 
-// mallocs returns the heap allocations of one call of f.
+// mallocs returns the heap allocations of one call of f. The count is the
+// whole process's, so f runs on a single P, as testing.AllocsPerRun does
+// (which cannot measure one call: it warms up with a first one): another
+// goroutine (a timer of an earlier test, the runtime's own) cannot run and
+// allocate while f, which does not block, runs.
 func mallocs(f func()) uint64 {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	var a, b runtime.MemStats
 	runtime.ReadMemStats(&a)
 	f()
