@@ -248,6 +248,37 @@ func TestFinal(t *testing.T) {
 	}
 }
 
+// TestLostFinal: between faults, a stretch without the final state is
+// reported once, when it passes the limit, and a final state in between
+// starts the count again.
+func TestLostFinal(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	const limit = 20 * time.Second
+	var l lostFinal
+	steps := []struct {
+		at   time.Duration
+		why  string
+		want bool
+	}{
+		{0, "", false},
+		{1 * time.Second, "partition 3 has no lease", false},
+		{21 * time.Second, "partition 3 has no lease", false}, // exactly the limit
+		{22 * time.Second, "partition 3 has no lease", true},
+		{30 * time.Second, "partition 3 has no lease", false}, // the same stretch: reported already
+		{31 * time.Second, "", false},
+		{32 * time.Second, "chaos/beta: record 5s old", false},
+		{50 * time.Second, "chaos/beta: record 5s old", false},
+		{51 * time.Second, "", false}, // final again before the limit: nothing
+		{52 * time.Second, "read lease p.8.1: timeout", false},
+		{73 * time.Second, "read lease p.8.1: timeout", true},
+	}
+	for _, st := range steps {
+		if got := l.see(t0.Add(st.at), st.why, limit); got != st.want {
+			t.Fatalf("at %v (%q): reported %v, want %v", st.at, st.why, got, st.want)
+		}
+	}
+}
+
 func TestRatedCapacityOfTiny(t *testing.T) {
 	p, err := stepengine.LookupProfile(stepengine.ProfileTiny)
 	if err != nil {

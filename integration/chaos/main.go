@@ -278,7 +278,7 @@ func (d *driver) run(ctx context.Context) (*Results, error) {
 		if judged.After(at) {
 			at = judged
 		}
-		if !retry.Sleep(ctx, time.Until(at)) {
+		if !d.quiet(ctx, at) {
 			break
 		}
 		if d.duration >= shortRun && time.Since(start)+f.Down > d.duration {
@@ -314,7 +314,7 @@ func (d *driver) run(ctx context.Context) (*Results, error) {
 		}
 		done = append(done, fr)
 	}
-	retry.Sleep(ctx, time.Until(start.Add(d.duration)))
+	d.quiet(ctx, start.Add(d.duration))
 	d.printf("stopping the load")
 	stopLoad()
 	lwg.Wait()
@@ -512,6 +512,58 @@ func (d *driver) untilFinal(ctx context.Context, within time.Duration) (time.Dur
 		}
 	}
 }
+
+// quiet watches the final state until the moment until, between faults
+// (contract §20: the leases and the records the whole time, not only from
+// a fault to its recovery): a stretch of more than recoveryWithin without
+// it, with no fault in play, is a violation. It returns false when ctx
+// ended.
+func (d *driver) quiet(ctx context.Context, until time.Time) bool {
+	var l lostFinal
+	for time.Now().Before(until) {
+		why := ""
+		if s, err := d.ck.Snapshot(ctx, d.cfg.Monitors, d.monitorsDown(), d.cfg.models()); err != nil {
+			why = err.Error()
+		} else if ok, w := s.Final(); !ok {
+			why = w
+		}
+		if now := time.Now(); l.see(now, why, recoveryWithin) {
+			d.violate(Violation{At: now, Rule: RuleLost,
+				What: fmt.Sprintf("no final state since %s with no fault in play: %s", l.since.Format("15:04:05.000"), why)})
+		}
+		if !retry.Sleep(ctx, min(quietEvery, time.Until(until))) {
+			return false
+		}
+	}
+	return ctx.Err() == nil
+}
+
+// lostFinal follows the final state from one judgement to the next.
+type lostFinal struct {
+	since    time.Time // since when it has not held; zero while it holds
+	reported bool      // the present stretch is reported
+}
+
+// see takes a judgement made at now (why is empty when the state was
+// final) and says whether it is the one that makes the present stretch
+// without the final state longer than limit: true once per stretch.
+func (l *lostFinal) see(now time.Time, why string, limit time.Duration) bool {
+	switch {
+	case why == "":
+		*l = lostFinal{}
+	case l.since.IsZero():
+		l.since = now
+	case !l.reported && now.Sub(l.since) > limit:
+		l.reported = true
+		return true
+	}
+	return false
+}
+
+// quietEvery is how often the final state is judged between faults: less
+// often than around a fault (pollEvery), where the recovery time is
+// measured, since each judgement reads every lease and asks each monitor.
+const quietEvery = time.Second
 
 // poll reads the records every pollEvery.
 func (d *driver) poll(ctx context.Context) {

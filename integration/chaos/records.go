@@ -27,6 +27,7 @@ const (
 	RuleEpoch    = "epoch-seq"     // a record's epoch went down, or its seq did not rise within an epoch
 	RuleFailOpen = "fail-open"     // a record older than stale-list-after while a monitor was alive
 	RuleRecovery = "no-final"      // no final state within 20 s of a fault's healing
+	RuleLost     = "lost-final"    // no final state for over 20 s between faults
 	RuleAnswer   = "router-answer" // an answer other than 200, 429, 503 or the client's cancellation
 	RuleGrowth   = "growth"        // heap or goroutines above 1.5× their value after the first minute
 )
