@@ -309,6 +309,31 @@ func TestNATSConfigHasTheMappings(t *testing.T) {
 	}
 }
 
+// The chaos stack publishes on 127.0.0.1 every port the driver reads: the
+// monitors', the routers' and the engines' (their /metrics, for the growth
+// check).
+func TestComposePublishesTheDriversPorts(t *testing.T) {
+	data, err := os.ReadFile("../../deploy/chaos/compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := chaosConfig("242")
+	for _, urls := range []map[string]string{cfg.Monitors, cfg.Routers, cfg.EngineHTTP} {
+		for svc, u := range urls {
+			port, ok := strings.CutPrefix(u[strings.LastIndex(u, ":")+1:], "242")
+			if !ok {
+				t.Fatalf("%s: %s is not on the prefix 242", svc, u)
+			}
+			if want := `"127.0.0.1:${WORKERMON_CHAOS_PORTS:-242}` + port + `:`; !strings.Contains(string(data), want) {
+				t.Errorf("%s: compose.yml does not publish %s (%s)", svc, want, u)
+			}
+		}
+	}
+	if len(cfg.EngineHTTP) != len(cfg.Engines) {
+		t.Errorf("%d engines, %d of them with a /metrics URL", len(cfg.Engines), len(cfg.EngineHTTP))
+	}
+}
+
 // TestScrapeGrowth reads heap and goroutines off a real Prometheus page, as
 // a monitor's or a router's /metrics serves them.
 func TestScrapeGrowth(t *testing.T) {

@@ -49,6 +49,7 @@ type Config struct {
 	Monitors       map[string]string // service (= monitor id) → base URL on this host
 	Routers        map[string]string // service → base URL on this host
 	Engines        map[string]string // service → model
+	EngineHTTP     map[string]string // service → base URL of its /metrics on this host
 	Partitions     int
 	LeaseTTL       time.Duration
 	Heartbeat      time.Duration
@@ -60,7 +61,7 @@ type Config struct {
 // prefix; the compose file runs the monitors and routers with the default
 // intervals.
 func chaosConfig(prefix string) Config {
-	c := Config{Monitors: map[string]string{}, Routers: map[string]string{}, Engines: map[string]string{},
+	c := Config{Monitors: map[string]string{}, Routers: map[string]string{}, Engines: map[string]string{}, EngineHTTP: map[string]string{},
 		Partitions: 8, LeaseTTL: busylist.DefaultLeaseTTL, Heartbeat: busylist.DefaultHeartbeat,
 		StaleAfter: monitor.DefaultStaleAfter, StaleListAfter: busylist.DefaultStaleListAfter}
 	for n := 1; n <= 3; n++ {
@@ -72,6 +73,7 @@ func chaosConfig(prefix string) Config {
 	}
 	for n, m := range []string{"chaos/alpha", "chaos/alpha", "chaos/beta", "chaos/beta", "chaos/gamma", "chaos/gamma"} {
 		c.Engines[fmt.Sprintf("sim-%d", n+1)] = m
+		c.EngineHTTP[fmt.Sprintf("sim-%d", n+1)] = fmt.Sprintf("http://127.0.0.1:%s7%d", prefix, n+1)
 	}
 	return c
 }
@@ -579,13 +581,15 @@ func (d *driver) poll(ctx context.Context) {
 	}
 }
 
-// scrape reads the monitors' and routers' heap and goroutines every 5 s.
+// scrape reads the heap and goroutines of the monitors, routers and
+// engines every 5 s.
 func (d *driver) scrape(ctx context.Context) {
 	client := &http.Client{Timeout: 2 * time.Second}
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
 	targets := maps.Clone(d.cfg.Monitors)
 	maps.Copy(targets, d.cfg.Routers)
+	maps.Copy(targets, d.cfg.EngineHTTP)
 	for {
 		select {
 		case <-ctx.Done():

@@ -13,8 +13,8 @@ import (
 	"github.com/workermon/workermon/scrape"
 )
 
-// Growth follows the heap and goroutines of each monitor and router
-// process (contract §20: none may exceed 1.5× its value after the first
+// Growth follows the heap and goroutines of each monitor, router and
+// engine process (contract §20: none may exceed 1.5× its value after the first
 // minute). A process is a service's container between two starts. Its
 // baseline is the highest sample of its second minute (the heap is a saw
 // tooth between collections: the highest sample is its top); a sample
