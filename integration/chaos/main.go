@@ -244,7 +244,11 @@ func (d *driver) run(ctx context.Context) (*Results, error) {
 	bg, stopBG := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { stopBG(); wg.Wait() }()
-	wg.Go(func() { d.cpu.Run(bg) })
+	wg.Go(func() {
+		if err := d.cpu.Run(bg); err != nil {
+			d.printf("the host's CPU cannot be read (%v): no fault can be found inconclusive", err)
+		}
+	})
 	wg.Go(func() { d.poll(bg) })
 	wg.Go(func() { d.scrape(bg) })
 

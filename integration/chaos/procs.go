@@ -149,18 +149,19 @@ type cpuSample struct {
 	pct float64
 }
 
-// Run samples until ctx ends.
-func (c *CPU) Run(ctx context.Context) {
+// Run samples until ctx ends; it returns at once with the error when
+// /proc/stat cannot be read.
+func (c *CPU) Run(ctx context.Context) error {
 	prev, err := hostcpu.Read()
 	if err != nil {
-		return
+		return err
 	}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case now := <-t.C:
 			cur, err := hostcpu.Read()
 			if err != nil || cur.Total == prev.Total {
