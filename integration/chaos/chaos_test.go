@@ -279,6 +279,102 @@ func TestLostFinal(t *testing.T) {
 	}
 }
 
+// TestResults: how a run's findings become its verdict (contract §20). A
+// violation during a fault around which every CPU sample was above 90 % is
+// inconclusive; one during a fault with a single quieter second is not,
+// nor is one between faults, nor a fault's own recovery failure; a
+// fail-open window while the checker could not read the bucket is
+// inconclusive; the recovery percentiles are over the faults that
+// recovered.
+func TestResults(t *testing.T) {
+	t0 := time.Unix(10000, 0)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	newDriver := func() *driver {
+		cfg := chaosConfig("242")
+		d := &driver{cfg: cfg, seed: 7, duration: 3 * time.Minute, growth: newGrowth(), cpu: &CPU{},
+			ck: &Checker{records: newRecords(cfg.StaleListAfter)}}
+		for s := range 60 { // 95 % every second of the first minute but one
+			pct := 95.0
+			if s == 45 {
+				pct = 85
+			}
+			d.cpu.samples = append(d.cpu.samples, cpuSample{at: at(s), pct: pct})
+		}
+		// chaos/alpha's record: updated every 5 s but from 60 s to 85 s,
+		// a fail-open window of 15 s from 70 s, while the checker was
+		// blind for a second.
+		rev := uint64(0)
+		for s := 0; s <= 180; s += 5 {
+			if s > 60 && s < 85 {
+				continue
+			}
+			rev++
+			d.ck.records.Observe("chaos.alpha", rev, events.BusySet{Epoch: 1, Seq: rev, UpdatedAt: at(s).UnixNano()}, at(s))
+		}
+		d.ck.blind = []Window{{Start: at(75), Len: time.Second}}
+		return d
+	}
+	faults := func() []FaultResult {
+		return []FaultResult{
+			{Fault: Fault{N: 1, Kind: KillMonitor, Target: "monitor-1"}, Start: at(10), Healed: at(15), Judged: at(16), Recovery: time.Second},
+			{Fault: Fault{N: 2, Kind: KillRouter, Target: "router-1"}, Start: at(40), Healed: at(45), Judged: at(47), Recovery: 2 * time.Second},
+			{Fault: Fault{N: 3, Kind: KillMonitor, Target: "monitor-2"}, Start: at(100), Healed: at(105), Judged: at(125), Failed: "partition 3 has no lease"},
+		}
+	}
+
+	d := newDriver()
+	d.viol = []Violation{
+		{At: at(12), Rule: RuleAnswer, What: "502 in fault 1"},
+		{At: at(46), Rule: RuleAnswer, What: "502 in fault 2"},
+		{At: at(125), Rule: RuleRecovery, Fault: 3, What: "no final state"},
+		{At: at(80), Rule: RuleLost, What: "between faults"},
+	}
+	r := d.results(t0, at(180), faults(), &Load{RPS: 22.2})
+	type row struct {
+		Rule  string
+		Fault int
+	}
+	rows := func(vs []Violation) []row {
+		var out []row
+		for _, v := range vs {
+			out = append(out, row{v.Rule, v.Fault})
+		}
+		return out
+	}
+	if got, want := rows(r.Violations), []row{{RuleAnswer, 2}, {RuleLost, 0}, {RuleRecovery, 3}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("violations %v, want %v (by time): %+v", got, want, r.Violations)
+	}
+	if got, want := rows(r.Inconclusive), []row{{RuleAnswer, 1}, {RuleFailOpen, 0}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("inconclusive %v, want %v: %+v", got, want, r.Inconclusive)
+	}
+	if r.Pass {
+		t.Error("a run with violations passed")
+	}
+	if !r.Faults[0].Inconclusive || r.Faults[1].Inconclusive || r.Faults[2].Inconclusive {
+		t.Errorf("inconclusive faults: %v %v %v, want only the first", r.Faults[0].Inconclusive, r.Faults[1].Inconclusive, r.Faults[2].Inconclusive)
+	}
+	if r.Faults[0].CPU != 95 {
+		t.Errorf("CPU around fault 1: %v, want 95", r.Faults[0].CPU)
+	}
+	if r.RecoveryP50MS == nil || *r.RecoveryP50MS != 1000 || *r.RecoveryP99MS != 2000 || *r.RecoveryMaxMS != 2000 {
+		t.Errorf("recovery p50 %s p99 %s max %s, want 1000, 2000, 2000 ms (fault 3 did not recover)",
+			msString(r.RecoveryP50MS), msString(r.RecoveryP99MS), msString(r.RecoveryMaxMS))
+	}
+	if len(r.FailOpen) != 1 || r.LongestOpenMS != 15000 || !r.FailOpen[0].Blind {
+		t.Errorf("fail-open windows %+v, longest %v ms: want one of 15 s, blind", r.FailOpen, r.LongestOpenMS)
+	}
+	if r.FaultsByKind[KillMonitor] != 2 || r.FaultsByKind[KillRouter] != 1 {
+		t.Errorf("faults by kind %v", r.FaultsByKind)
+	}
+
+	// Only what is inconclusive: the run passes.
+	d = newDriver()
+	d.viol = []Violation{{At: at(12), Rule: RuleAnswer, What: "502 in fault 1"}}
+	if r := d.results(t0, at(180), faults()[:2], &Load{RPS: 22.2}); !r.Pass || len(r.Inconclusive) != 2 || len(r.Violations) != 0 {
+		t.Errorf("pass %v, %d inconclusive, violations %+v: want a pass with two inconclusive", r.Pass, len(r.Inconclusive), r.Violations)
+	}
+}
+
 func TestRatedCapacityOfTiny(t *testing.T) {
 	p, err := stepengine.LookupProfile(stepengine.ProfileTiny)
 	if err != nil {
