@@ -156,8 +156,15 @@ func TestGrowth(t *testing.T) {
 	if len(v) != 1 || !strings.Contains(v[0].What, "go_goroutines") {
 		t.Fatalf("violations %v, want goroutines", v)
 	}
-	if len(rows) != 1 || rows[0].Base["go_goroutines"] != 42 || rows[0].Max["go_memstats_heap_alloc_bytes"] != 30e6 {
+	if len(rows) != 1 || rows[0].Base["go_goroutines"] != 42 || rows[0].Max["go_memstats_heap_alloc_bytes"] != 30e6 || rows[0].Missed != 0 {
 		t.Fatalf("rows %+v", rows)
+	}
+	// A process the check could not read has a row that says so.
+	g.Missed("sim-1#0", t0)
+	g.Missed("sim-1#0", t0)
+	g.Missed("monitor-1#0", t0)
+	if _, rows := g.Close(); len(rows) != 2 || rows[0].Missed != 1 || rows[1].Process != "sim-1#0" || rows[1].Missed != 2 {
+		t.Fatalf("rows after failed scrapes %+v", rows)
 	}
 }
 

@@ -607,11 +607,15 @@ func (d *driver) scrape(ctx context.Context) {
 			if isDown {
 				continue
 			}
+			name := fmt.Sprintf("%s#%d", s, gen)
 			v, err := scrapeGrowth(ctx, client, targets[s]+"/metrics")
 			if err != nil {
+				if ctx.Err() == nil {
+					d.growth.Missed(name, started)
+				}
 				continue
 			}
-			d.growth.Sample(fmt.Sprintf("%s#%d", s, gen), started, time.Now(), v)
+			d.growth.Sample(name, started, time.Now(), v)
 		}
 	}
 }

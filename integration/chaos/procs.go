@@ -41,6 +41,7 @@ type proc struct {
 	above   map[string]int     // metric → samples in a row above the limit
 	max     map[string]float64 // metric → highest sample after the baseline
 	flagged map[string]bool
+	missed  int // scrapes that failed
 }
 
 // The metrics followed, from the Go collector of every workermon process.
@@ -53,12 +54,7 @@ func newGrowth() *Growth { return &Growth{procs: map[string]*proc{}} }
 func (g *Growth) Sample(name string, started, now time.Time, values map[string]float64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	p := g.procs[name]
-	if p == nil {
-		p = &proc{name: name, started: started, base: map[string]float64{}, above: map[string]int{},
-			max: map[string]float64{}, flagged: map[string]bool{}}
-		g.procs[name] = p
-	}
+	p := g.proc(name, started)
 	age := now.Sub(p.started)
 	if age < growthFirst {
 		return
@@ -90,11 +86,31 @@ func (g *Growth) Sample(name string, started, now time.Time, values map[string]f
 	}
 }
 
+// Missed notes a scrape of process name that failed (no answer, not 200,
+// not a Prometheus page): the report counts them, so that a process the
+// check could not read is not mistaken for one that did not grow.
+func (g *Growth) Missed(name string, started time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.proc(name, started).missed++
+}
+
+func (g *Growth) proc(name string, started time.Time) *proc {
+	p := g.procs[name]
+	if p == nil {
+		p = &proc{name: name, started: started, base: map[string]float64{}, above: map[string]int{},
+			max: map[string]float64{}, flagged: map[string]bool{}}
+		g.procs[name] = p
+	}
+	return p
+}
+
 // GrowthRow is one process's figures for the report.
 type GrowthRow struct {
 	Process string             `json:"process"`
 	Base    map[string]float64 `json:"baseline"`
 	Max     map[string]float64 `json:"max_after"`
+	Missed  int                `json:"scrapes_failed"`
 }
 
 // Close returns the violations and each process's baseline and maximum.
@@ -104,8 +120,8 @@ func (g *Growth) Close() ([]Violation, []GrowthRow) {
 	var rows []GrowthRow
 	for _, name := range slices.Sorted(maps.Keys(g.procs)) {
 		p := g.procs[name]
-		if len(p.base) > 0 {
-			rows = append(rows, GrowthRow{Process: name, Base: maps.Clone(p.base), Max: maps.Clone(p.max)})
+		if len(p.base) > 0 || p.missed > 0 {
+			rows = append(rows, GrowthRow{Process: name, Base: maps.Clone(p.base), Max: maps.Clone(p.max), Missed: p.missed})
 		}
 	}
 	return slices.Clone(g.out), rows

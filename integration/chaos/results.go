@@ -177,9 +177,13 @@ func (r *Results) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "heap and goroutines (baseline of the 2nd minute → max after):\n")
 	for _, g := range r.Growth {
-		fmt.Fprintf(w, "  %-12s heap %.1f → %.1f MB, goroutines %.0f → %.0f\n", g.Process,
+		missed := ""
+		if g.Missed > 0 {
+			missed = fmt.Sprintf(", %d scrapes failed", g.Missed)
+		}
+		fmt.Fprintf(w, "  %-12s heap %.1f → %.1f MB, goroutines %.0f → %.0f%s\n", g.Process,
 			g.Base["go_memstats_heap_alloc_bytes"]/1e6, g.Max["go_memstats_heap_alloc_bytes"]/1e6,
-			g.Base["go_goroutines"], g.Max["go_goroutines"])
+			g.Base["go_goroutines"], g.Max["go_goroutines"], missed)
 	}
 	if r.CheckerBlindMS > 0 {
 		fmt.Fprintf(w, "the checker could not read the bucket for %.0f ms in all\n", r.CheckerBlindMS)
