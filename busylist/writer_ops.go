@@ -95,7 +95,7 @@ func (w *Writer) startLocked(rec *writerRecord, now time.Time, onlyChanged bool)
 
 // startAll starts every write that is due and may start, of partition p
 // (every partition when p is negative), and returns the earliest time a
-// key's backoff ends (zero when none runs).
+// key's backoff ends (zero when none runs), a write's or a conflict's read.
 func (w *Writer) startAll(p int, onlyChanged bool) time.Time {
 	w.mu.Lock()
 	now := time.Now()
@@ -107,7 +107,7 @@ func (w *Writer) startAll(p int, onlyChanged bool) time.Time {
 		}
 		if op := w.startLocked(rec, now, onlyChanged); op != nil {
 			ops = append(ops, op)
-		} else if (rec.changed || rec.hbDue) && !rec.writing && rec.retryAt.After(now) &&
+		} else if (rec.changed || rec.hbDue || rec.conflict) && !rec.writing && rec.retryAt.After(now) &&
 			(next.IsZero() || rec.retryAt.Before(next)) {
 			next = rec.retryAt
 		}
@@ -268,13 +268,15 @@ func (w *Writer) progressLocked() {
 // resolveConflicts starts reading the keys of partition p (every partition
 // when p is negative) whose last write failed its compare-and-set, each on
 // a goroutine of its own (resolve), so that a slow read holds up no other
-// key's writes. It never waits on NATS.
+// key's writes; a key whose last read failed waits out its backoff first.
+// It never waits on NATS.
 func (r *writerRun) resolveConflicts(ctx context.Context, p int) {
 	w := r.w
 	w.mu.Lock()
+	now := time.Now()
 	var recs []*writerRecord
 	for _, rec := range w.recs {
-		if rec.conflict && !rec.writing && !rec.resolving && (p < 0 || rec.part == p) {
+		if rec.conflict && !rec.writing && !rec.resolving && !now.Before(rec.retryAt) && (p < 0 || rec.part == p) {
 			rec.resolving = true
 			recs = append(recs, rec)
 		}

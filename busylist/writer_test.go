@@ -761,3 +761,72 @@ func TestWriterNotPendingDuringWarmup(t *testing.T) {
 		t.Error("a written record is still pending")
 	}
 }
+
+// readFailJS is a JetStream whose streams fail every read of a subject's
+// last message while fail is set, as every request does at once while the
+// connection reconnects with its buffer off (ReconnectBufSize(-1), natsconn).
+type readFailJS struct {
+	jetstream.JetStream
+	fail  *atomic.Bool
+	reads *atomic.Int64 // reads failed
+}
+
+func (j readFailJS) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	s, err := j.JetStream.Stream(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return readFailStream{Stream: s, fail: j.fail, reads: j.reads}, nil
+}
+
+type readFailStream struct {
+	jetstream.Stream
+	fail  *atomic.Bool
+	reads *atomic.Int64
+}
+
+func (s readFailStream) GetLastMsgForSubject(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
+	if s.fail.Load() {
+		s.reads.Add(1)
+		return nil, errors.New("nats: outbound buffer limit exceeded")
+	}
+	return s.Stream.GetLastMsgForSubject(ctx, subject)
+}
+
+// TestWriterConflictReadBacksOff: a key whose write failed its
+// compare-and-set is read back; while that read fails (NATS away) it is
+// tried again after the key's backoff, not at once (it was: 26,000 reads
+// of one key in half a second, a core spinning for the whole outage), and
+// the record is written once reads work again. RetryMin 10 ms and RetryMax
+// 100 ms allow about 8 reads in half a second; the bound is loose so that
+// a slow machine cannot fail it.
+func TestWriterConflictReadBacksOff(t *testing.T) {
+	e := newWriterEnv(t)
+	fail, reads := new(atomic.Bool), new(atomic.Int64)
+	cfg := e.config()
+	cfg.JetStream = readFailJS{JetStream: e.js, fail: fail, reads: reads}
+	w := e.run(t, cfg)
+	kv := e.bucket(t, events.BusyBucket)
+	const model = "org/resolve"
+	w.Set(writerSet(model, nil, []uint64{1}))
+	writerEventually(t, "first record written", func() bool {
+		_, _, ok := writerGet(t, kv, model)
+		return ok
+	})
+	// Another put changes the key's revision: the writer's next write
+	// fails its compare-and-set, and its read back fails.
+	writerPut(t, kv, writerSet(model, nil, []uint64{9}))
+	fail.Store(true)
+	w.Set(writerSet(model, []uint64{1}, nil))
+	writerEventually(t, "the read after the conflict", func() bool { return reads.Load() > 0 })
+	time.Sleep(500 * time.Millisecond)
+	n := reads.Load()
+	fail.Store(false)
+	if n > 50 {
+		t.Fatalf("%d failed reads of one key in 0.5 s: the read after a conflict is retried without backoff", n)
+	}
+	writerEventually(t, "the record written once reads work", func() bool {
+		rec, _, ok := writerGet(t, kv, model)
+		return ok && slices.Equal(rec.Busy, []uint64{1})
+	})
+}
