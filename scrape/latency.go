@@ -150,22 +150,34 @@ func Window(prev, cur *Histogram) []events.LatencyBucket {
 // spread adds n samples spread over (lo, hi] ms in log scale, rounded to
 // whole samples within the range (largest remainders first), so that every
 // Prometheus bucket keeps its own count.
+//
+// A range that is not finite in milliseconds (a bound of an engine's page
+// above about 1.8e305 s) goes whole to the bucket of its upper end, the
+// last; the part of a range above the last bucket's lower end goes to it.
 func spread(counts *[events.LatencyMaxBucket + 1]uint64, lo, hi float64, n uint64) {
-	if !(hi > lo) || hi <= 1 || lo <= 0 {
+	if !(hi > lo) || hi <= 1 || lo <= 0 || math.IsInf(hi, 1) {
 		counts[events.LatencyBucketOf(hi)] += n
 		return
 	}
 	lo = max(lo, 1)
-	a, b := 8*math.Log2(lo), 8*math.Log2(hi)
+	a, b := 8*math.Log2(lo), 8*math.Log2(hi) // at most 8 × 1024
+	if a >= events.LatencyMaxBucket {
+		counts[events.LatencyMaxBucket] += n
+		return
+	}
 	type share struct {
 		k    int
 		part float64
 	}
 	var shares []share
 	for k := int(a); float64(k) < b; k++ {
+		if k == events.LatencyMaxBucket {
+			shares = append(shares, share{k, float64(n) * (b - math.Max(a, float64(k))) / (b - a)})
+			break
+		}
 		overlap := math.Min(b, float64(k+1)) - math.Max(a, float64(k))
 		if overlap > 0 {
-			shares = append(shares, share{min(k, events.LatencyMaxBucket), float64(n) * overlap / (b - a)})
+			shares = append(shares, share{k, float64(n) * overlap / (b - a)})
 		}
 	}
 	var given uint64
