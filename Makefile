@@ -20,7 +20,7 @@ test: vet ## vet, then every unit and in-process test with the race detector
 
 fuzz: ## run each fuzz target for FUZZTIME
 	@for t in events:FuzzDecodeLoadReport events:FuzzDecodeGoodbye events:FuzzDecodeBusySet events:FuzzModelKey \
-		events:FuzzParseModelKey events:FuzzDecodeMigrateRequest events:FuzzDecodeLatencyReport api:FuzzRequest router:FuzzSSEReader router:FuzzParsePrompt scrape:FuzzParseAndMap \
+		events:FuzzParseModelKey events:FuzzDecodeMigrateRequest events:FuzzDecodeLatencyReport api:FuzzRequest router:FuzzSSEReader router:FuzzParsePrompt scrape:FuzzParseAndMap scrape:FuzzLatencyWindow \
 		sim/stepengine:FuzzEngine; do \
 		pkg=$${t%%:*}; name=$${t#*:}; \
 		$(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) -parallel 1 ./$$pkg || exit 1; done
