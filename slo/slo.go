@@ -424,10 +424,13 @@ func (p *Pool) Window(t Target, w *Window) *Window {
 
 // After keeps the window just judged (as Window returned it) when the
 // status says it had too few samples, at most DefaultPoolMax intervals in
-// a row, less the signals it had enough samples of; it forgets it
-// otherwise.
+// a row — without limit while the pooled windows hold rejections or
+// queueing, so that a model that sheds with little traffic is judged in
+// the end instead of shedding for good — less the signals it had enough
+// samples of; it forgets it otherwise.
 func (p *Pool) After(t Target, st Status, judged *Window) {
-	if st.State == StateNoData && p.n < DefaultPoolMax {
+	pressure := judged.Rejected > 0 || judged.Queued > 0
+	if st.State == StateNoData && (p.n < DefaultPoolMax || pressure) {
 		p.carry = *judged
 		minN := t.MinSamples()
 		if p.carry.TTFT.Total() >= minN {

@@ -297,6 +297,45 @@ func TestPool(t *testing.T) {
 	}
 }
 
+// TestPoolUnderPressure: a model that sheds with little traffic — 4 first
+// tokens an interval, all well within the target, rejections every
+// interval — is judged once its pooled samples add up (50 at 0.9, the 13th
+// interval), and its thresholds go up; the pool does not start again after
+// DefaultPoolMax intervals as it does without rejections (it did, and the
+// model shed for good: 40 samples at most, never judged).
+func TestPoolUnderPressure(t *testing.T) {
+	t.Parallel()
+	c := slo.DefaultConfig()
+	target := slo.Target{TTFTms: 500, Percentile: 0.9}
+	for _, rejected := range []uint64{20, 0} {
+		st := slo.Start(c, new(0.3), nil)
+		start := st.Suggested
+		var p slo.Pool
+		raisedAt := -1
+		for i := range 30 {
+			var w slo.Window
+			for range 4 {
+				w.TTFT.Observe(100)
+			}
+			w.Rejected = rejected
+			judged := p.Window(target, &w)
+			var m slo.Move
+			st, m = slo.Next(c, target, st, judged)
+			p.After(target, st, judged)
+			if m != 0 {
+				raisedAt = i
+				break
+			}
+		}
+		switch {
+		case rejected > 0 && (raisedAt != 12 || st.Suggested.Decode <= start.Decode):
+			t.Errorf("with rejections: moved at interval %d to %+v from %+v, want up at interval 12 (52 samples)", raisedAt, st.Suggested, start)
+		case rejected == 0 && (raisedAt != -1 || st.State != slo.StateNoData):
+			t.Errorf("without rejections: moved at interval %d, state %s; want no_data, no move (the pool starts again)", raisedAt, st.State)
+		}
+	}
+}
+
 // TestPoolPerSignal: a signal with enough samples in an interval is judged
 // on that interval alone while the other is still pooled, so a collapse of
 // a well-measured ITL lowers the thresholds at once instead of being
