@@ -1,6 +1,9 @@
 package slo
 
-import "math"
+import (
+	"math"
+	"math/bits"
+)
 
 // Latency buckets (contract §18): bucket k counts samples in
 // [2^(k/8), 2^((k+1)/8)) milliseconds, k from 0 to MaxBucket; samples under
@@ -34,26 +37,37 @@ func BucketLower(k int) float64 {
 	return math.Exp2(float64(k) / bucketsPerOctave)
 }
 
+// AddCount is a + b, or the largest uint64 where that overflows. Counts
+// arrive over the network as any uint64 (contract §18), and a sum that
+// wrapped around would turn a flood of samples or rejections into a few.
+func AddCount(a, b uint64) uint64 {
+	if s, carry := bits.Add64(a, b, 0); carry == 0 {
+		return s
+	}
+	return math.MaxUint64
+}
+
 // Observe counts one sample of ms milliseconds.
-func (h *Hist) Observe(ms float64) { h[Bucket(ms)]++ }
+func (h *Hist) Observe(ms float64) { h.AddBucket(Bucket(ms), 1) }
 
 // Add adds o's counts to h.
 func (h *Hist) Add(o *Hist) {
 	for k, n := range o {
-		h[k] += n
+		h[k] = AddCount(h[k], n)
 	}
 }
 
 // AddBucket adds n samples to bucket k; a k outside 0..MaxBucket is clamped.
 func (h *Hist) AddBucket(k int, n uint64) {
-	h[min(max(k, 0), MaxBucket)] += n
+	k = min(max(k, 0), MaxBucket)
+	h[k] = AddCount(h[k], n)
 }
 
-// Total is the number of samples.
+// Total is the number of samples (at most the largest uint64).
 func (h *Hist) Total() uint64 {
 	var t uint64
 	for _, n := range h {
-		t += n
+		t = AddCount(t, n)
 	}
 	return t
 }
@@ -72,7 +86,7 @@ func (h *Hist) Attainment(targetMs float64) float64 {
 		under += float64(h[k])
 	}
 	if targetMs < 1 {
-		return under / float64(total)
+		return min(under/float64(total), 1)
 	}
 	// Fraction of bucket kt below the target, in log2 space.
 	pos := bucketsPerOctave*math.Log2(targetMs) - float64(kt)
@@ -80,7 +94,7 @@ func (h *Hist) Attainment(targetMs float64) float64 {
 		pos = 1
 	}
 	under += float64(h[kt]) * min(max(pos, 0), 1)
-	return under / float64(total)
+	return min(under/float64(total), 1) // a total held at the largest uint64 can be below the buckets' sum
 }
 
 // Quantile is the latency in ms under which a share p of the samples lie,

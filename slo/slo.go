@@ -383,8 +383,8 @@ func Next(c Config, t Target, prev Status, w *Window) (Status, Move) {
 func (w *Window) Add(o *Window) {
 	w.TTFT.Add(&o.TTFT)
 	w.ITL.Add(&o.ITL)
-	w.Rejected += o.Rejected
-	w.Queued += o.Queued
+	w.Rejected = AddCount(w.Rejected, o.Rejected)
+	w.Queued = AddCount(w.Queued, o.Queued)
 }
 
 // DefaultPoolMax is how many intervals of too few samples Pool adds up
@@ -417,8 +417,8 @@ func (p *Pool) Window(t Target, w *Window) *Window {
 	if w.ITL.Total() < minN {
 		out.ITL.Add(&p.carry.ITL)
 	}
-	out.Rejected += p.carry.Rejected
-	out.Queued += p.carry.Queued
+	out.Rejected = AddCount(out.Rejected, p.carry.Rejected)
+	out.Queued = AddCount(out.Queued, p.carry.Queued)
 	return &out
 }
 

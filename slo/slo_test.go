@@ -275,6 +275,35 @@ func equal(a, b []slo.State) bool {
 	return true
 }
 
+// TestHistCountsSaturate: counts arrive over the network as any uint64;
+// two sources of 2^63 samples each hold the total at the largest uint64
+// instead of wrapping it round to the ten real ones, and attainment stays
+// a share (it read 1.8e18, a target met).
+func TestHistCountsSaturate(t *testing.T) {
+	t.Parallel()
+	var h slo.Hist
+	h.AddBucket(0, 1<<63)
+	h.AddBucket(1, 1<<63)
+	h.AddBucket(100, 10) // about 5.8 s each
+	if h.Total() != math.MaxUint64 {
+		t.Errorf("total %d, want the largest uint64", h.Total())
+	}
+	if a := h.Attainment(500); !(a >= 0 && a <= 1) {
+		t.Errorf("attainment %g, want a share", a)
+	}
+	var o slo.Hist
+	o.AddBucket(100, math.MaxUint64)
+	o.Add(&h)
+	if o[100] != math.MaxUint64 || o.Total() != math.MaxUint64 {
+		t.Errorf("bucket 100 %d, total %d: want both held at the largest uint64", o[100], o.Total())
+	}
+	w := slo.Window{Rejected: math.MaxUint64}
+	w.Add(&slo.Window{Rejected: 2})
+	if w.Rejected != math.MaxUint64 {
+		t.Errorf("rejected %d, want the largest uint64", w.Rejected)
+	}
+}
+
 // TestPool: windows of intervals with too few samples add up until a
 // judgment, then start again.
 func TestPool(t *testing.T) {
