@@ -62,6 +62,11 @@ func (s *state) applyLatency(r *events.LatencyReport, now time.Time) string {
 		srcs = make(map[string]*latSource)
 		lm.workers[r.WorkerID] = srcs
 	}
+	router := events.IsRouterSource(r.Source)
+	last, known := lm.routers[r.Source]
+	if router && !known && len(lm.routers) >= maxLatencySources {
+		return rejectSources // before anything of it counts
+	}
 	src := srcs[r.Source]
 	if src == nil {
 		if len(srcs) >= s.cfg.MaxSourcesPerWorker || s.latEntries >= maxLatencyEntries {
@@ -78,16 +83,10 @@ func (s *state) applyLatency(r *events.LatencyReport, now time.Time) string {
 		src.itl.AddBucket(int(b.K), b.N)
 	}
 	src.samples = true
-	if events.IsRouterSource(r.Source) {
-		last, known := lm.routers[r.Source]
-		if !known && len(lm.routers) >= maxLatencySources {
-			return rejectSources
-		}
-		if !known || r.SentAt != last {
-			lm.routers[r.Source] = r.SentAt
-			lm.rejected += r.Rejected
-			lm.queued += r.Queued
-		}
+	if router && (!known || r.SentAt != last) {
+		lm.routers[r.Source] = r.SentAt
+		lm.rejected = slo.AddCount(lm.rejected, r.Rejected)
+		lm.queued = slo.AddCount(lm.queued, r.Queued)
 	}
 	return ""
 }

@@ -2,6 +2,7 @@ package monitor
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"testing"
 	"testing/synctest"
@@ -74,6 +75,32 @@ func TestLatencyWindowsMerge(t *testing.T) {
 		}
 		if got := testutil.ToFloat64(h.m.metrics.accepted.WithLabelValues("latency")); got != 5 {
 			t.Errorf("accepted latency = %v, want 5", got)
+		}
+	})
+}
+
+// TestLatencyRouterSourcesCapped: a router window past the cap of router
+// sources per model is rejected whole — its samples and rejections count
+// nowhere (its samples reached the controller before).
+func TestLatencyRouterSourcesCapped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		for i := range maxLatencySources { // one router source per worker
+			h.latency(events.LatencyReport{Model: testModel, WorkerID: uint64(i + 1), Source: fmt.Sprintf("router/r%d", i),
+				ITL: []events.LatencyBucket{{K: 10, N: 1}}, SentAt: 100})
+		}
+		h.latency(events.LatencyReport{Model: testModel, WorkerID: 1, Source: "router/one-too-many",
+			ITL: []events.LatencyBucket{{K: 90, N: 1000}}, Rejected: 50, SentAt: 100})
+		if got := h.rejected(rejectSources); got != 1 {
+			t.Errorf("%s = %v, want 1", rejectSources, got)
+		}
+		ws, err := h.m.DrainLatency(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := ws[testModel]
+		if w == nil || w.ITL[10] != maxLatencySources || w.ITL[90] != 0 || w.Rejected != 0 {
+			t.Fatalf("window %+v: want %d samples in bucket 10 and nothing of the rejected report", w, maxLatencySources)
 		}
 	})
 }
