@@ -715,6 +715,39 @@ func TestReleaseMargin(t *testing.T) {
 		h.send(h.report(1, 0, 72, 100))
 		h.expect(nil, []uint64{1, 2}, nil)
 	})
+	// Every rank of a worker listed busy starts latched, not only the first
+	// to report after the takeover (the second started unlatched, and the
+	// worker turned free at once); a rank released while the others have
+	// not reported yet is not latched again.
+	for _, released := range []bool{false, true} {
+		synctest.Test(t, func(t *testing.T) {
+			h := startHarness(t, func(c *Config) { c.ReleaseMargin = 0.1 })
+			prev := []events.BusySet{{Model: testModel, Busy: []uint64{1}, Free: []uint64{}, Reasons: map[string]string{"1": "kv"}}}
+			if err := h.m.Seed(context.Background(), prev); err != nil {
+				t.Fatal(err)
+			}
+			rank := func(r uint32, blocks uint64) events.LoadReport {
+				rep := h.report(1, r, blocks, 100)
+				rep.DPSize = 3
+				return rep
+			}
+			h.send(rank(0, 75))
+			if released {
+				h.send(rank(1, 50)) // below every level's release (amber too): nothing latched
+			}
+			h.send(rank(1, 75)) // seeded: latched; released before: stays free
+			h.send(rank(2, 75))
+			if !released {
+				h.expect([]uint64{1}, nil, nil) // every rank latched by the record
+				return
+			}
+			h.expect(nil, []uint64{1}, nil)
+			h.send(rank(1, 81))
+			h.expect([]uint64{1}, nil, nil) // ranks 0 and 2 still latched
+			h.send(rank(0, 72))
+			h.expect(nil, []uint64{1}, nil)
+		})
+	}
 }
 
 // cordon cordons or uncordons a worker of testModel and waits for the

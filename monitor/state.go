@@ -388,6 +388,8 @@ func classify(t events.Thresholds, f Fractions, w *worker, margin float64, fresh
 	declared := unionSize(sc.spans)
 	var amber, busy, hard uint64 // ranks at that level or above
 	var reason Reason
+	seeding := !w.seedLatch.IsZero()
+	var evaluated uint64
 	rank := func(r uint32, l RankLoad) {
 		var c Latch
 		if margin == 0 {
@@ -401,10 +403,13 @@ func classify(t events.Thresholds, f Fractions, w *worker, margin float64, fresh
 			if sc.latch == nil {
 				sc.latch = make(map[uint32]Latch)
 			}
-			if !c.IsZero() {
+			// While the seed lasts, a rank that had it is remembered even
+			// released, so that it is not seeded again.
+			if !c.IsZero() || seeding {
 				sc.latch[r] = c
 			}
 		}
+		evaluated++
 		switch c.Level() {
 		case LevelHard:
 			hard++
@@ -437,10 +442,15 @@ func classify(t events.Thresholds, f Fractions, w *worker, margin float64, fresh
 		}
 	}
 	if margin > 0 {
-		// The ranks just evaluated replace the latch; the seed is used up.
+		// The ranks just evaluated replace the latch; the seed is used up
+		// once every declared rank has had it (contract §12: a worker
+		// listed busy starts latched busy on its ranks, not only on the
+		// first to report after a takeover).
 		w.latch, sc.latch = sc.latch, w.latch
 		clear(sc.latch)
-		w.seedLatch = Latch{}
+		if evaluated >= declared {
+			w.seedLatch = Latch{}
+		}
 	}
 	switch {
 	case busy >= declared && hard >= declared:
