@@ -263,18 +263,27 @@ func (a *Adapter) Status() Status { return *a.status.Load() }
 // Close stops polling, then closes the publisher: the reports still waiting
 // go out, then the goodbye, and the registry entry is deleted. It returns
 // within ctx (and publisher.DefaultCloseTimeout); further calls return the
-// first call's result. Close does not close the NATS connection.
+// first call's result. The publisher is closed even when ctx ends before
+// the polling stopped (its goroutines stop; an Update of the last poll then
+// fails with publisher.ErrClosed). Close does not close the NATS
+// connection.
 func (a *Adapter) Close(ctx context.Context) error {
 	a.closeOnce.Do(func() {
 		a.cancel()
+		var stopErr error
 		select {
 		case <-a.done:
-		case <-ctx.Done():
-			a.closeErr = fmt.Errorf("adapter: stop polling: %w", ctx.Err())
-			return
+		default:
+			select {
+			case <-a.done:
+			case <-ctx.Done():
+				stopErr = fmt.Errorf("adapter: stop polling: %w", ctx.Err())
+			}
 		}
 		if a.pub != nil {
-			a.closeErr = a.pub.Close(ctx)
+			a.closeErr = errors.Join(stopErr, a.pub.Close(ctx))
+		} else {
+			a.closeErr = stopErr
 		}
 	})
 	return a.closeErr

@@ -450,6 +450,29 @@ func TestSilentEnginePausesAndResumes(t *testing.T) {
 	}
 }
 
+// Close with a context that has already ended still closes the publisher:
+// the goodbye goes out (it was lost, and the publisher's goroutines kept
+// running, when Close gave up waiting for the polling to stop).
+func TestCloseAfterContextEnded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	in := subscribe(t, e.obs)
+	eng := newEngine(t, fixture(t, "vllm-v1-dp2.metrics"))
+	a := start(t, e.config(scrape.VLLM{}, eng.url()))
+	in.waitReport(t, func(r events.LoadReport) bool { return r.DPRank == 1 })
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_ = a.Close(ctx) // may say the polling had not stopped yet
+	mark(t, e.nc, "closed")
+	bye := false
+	for _, m := range in.untilMarker(t, "closed") {
+		bye = bye || m.bye
+	}
+	if !bye {
+		t.Error("no goodbye from a Close whose context had ended")
+	}
+}
+
 // A declared rank that a good scrape no longer names is paused alone; the
 // other keeps being published.
 func TestMissingRankIsPaused(t *testing.T) {
