@@ -469,7 +469,11 @@ func (m *metrics) observe(model string, st overrides.SLOStatus, move slo.Move) {
 	}
 }
 
+// forget drops a model's series when this monitor no longer controls it:
+// the moves too, or the series of every model ever controlled would stay
+// for the life of the process.
 func (m *metrics) forget(model string) {
 	m.threshold.DeletePartialMatch(prometheus.Labels{"model": model})
 	m.attainment.DeletePartialMatch(prometheus.Labels{"model": model})
+	m.moves.DeletePartialMatch(prometheus.Labels{"model": model})
 }

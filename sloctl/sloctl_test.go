@@ -166,6 +166,9 @@ func TestEnforce(t *testing.T) {
 	if e.mon.controlled[model] != nil {
 		t.Fatal("still controlled after the SLO was deleted")
 	}
+	if n, err := testutil.GatherAndCount(e.reg, "workermon_slo_threshold", "workermon_slo_attainment", "workermon_slo_moves_total"); err != nil || n != 0 {
+		t.Errorf("gathered %d series of the slo families after the SLO was deleted, want none: %v", n, err)
+	}
 }
 
 func (e *env) mustMoves(t *testing.T, dir string) prometheus.Collector {
