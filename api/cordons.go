@@ -72,7 +72,8 @@ func (h *handler) decodeCordon(w http.ResponseWriter, r *http.Request) (cordonRe
 	}
 	v, err := strconv.ParseUint(string(raw), 10, 64)
 	if err != nil {
-		return req, errorf(http.StatusUnprocessableEntity, fmt.Sprintf(`field "worker_id" is %s: it must be a whole number from 0 to 18446744073709551615`, raw))
+		// A number out of range (contract §8: 400, as a threshold's).
+		return req, errorf(http.StatusBadRequest, fmt.Sprintf(`field "worker_id" is %s: it must be a whole number from 0 to 18446744073709551615`, raw))
 	}
 	req.worker = v
 	return req, nil

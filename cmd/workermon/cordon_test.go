@@ -38,8 +38,23 @@ func TestCordonAPIAndRestart(t *testing.T) {
 	if code, _, body := call(t, svc, "POST", "/cordon", "", `{"model":"`+e2eModel+`","worker_id":8}`); code != http.StatusUnauthorized {
 		t.Fatalf("cordon without token = %d %s, want 401", code, body)
 	}
-	for _, bad := range []string{`{"model":"` + e2eModel + `"}`, `{"worker_id":8}`, `{"model":"` + e2eModel + `","worker_id":-1}`,
-		`{"model":"` + e2eModel + `","worker_id":"8"}`, `{"model":"` + e2eModel + `","worker_id":8,"x":1}`, `[]`} {
+	// Contract §8: out of range 400, wrong type 422.
+	for _, bad := range []struct {
+		body string
+		want int
+	}{
+		{`{"model":"` + e2eModel + `"}`, http.StatusBadRequest},
+		{`{"worker_id":8}`, http.StatusBadRequest},
+		{`{"model":"` + e2eModel + `","worker_id":-1}`, http.StatusBadRequest},
+		{`{"model":"` + e2eModel + `","worker_id":2e19}`, http.StatusBadRequest},
+		{`{"model":"` + e2eModel + `","worker_id":1.5}`, http.StatusBadRequest},
+		{`{"model":"` + e2eModel + `","worker_id":"8"}`, http.StatusUnprocessableEntity},
+	} {
+		if code, _, body := call(t, svc, "POST", "/cordon", e2eToken, bad.body); code != bad.want {
+			t.Errorf("cordon %s = %d %s, want %d", bad.body, code, body, bad.want)
+		}
+	}
+	for _, bad := range []string{`{"model":"` + e2eModel + `","worker_id":8,"x":1}`, `[]`} {
 		if code, _, body := call(t, svc, "POST", "/cordon", e2eToken, bad); code < 400 || code >= 500 {
 			t.Errorf("cordon %s = %d %s, want a 4xx", bad, code, body)
 		}
