@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -79,8 +80,13 @@ func (r *writerRun) opened(ctx context.Context) {
 	var pub jetstream.JetStream
 	if opts := w.cfg.JetStream.Options(); opts.APIPrefix == "" && opts.Domain == "" && !r.mirror(ctx) {
 		var err error
+		// At most one put of a key is in flight, so the puts pending are
+		// bounded by the keys; past the library's default of 4000 a publish
+		// would stall its caller (Set, on the monitor's loop) for up to
+		// 200 ms, and Set must never block.
 		pub, err = jetstream.New(w.cfg.JetStream.Conn(), jetstream.WithPublishAsyncAckHandler(w.onAck),
-			jetstream.WithPublishAsyncErrHandler(w.onErr), jetstream.WithPublishAsyncTimeout(w.cfg.WriteTimeout))
+			jetstream.WithPublishAsyncErrHandler(w.onErr), jetstream.WithPublishAsyncTimeout(w.cfg.WriteTimeout),
+			jetstream.WithPublishAsyncMaxPending(math.MaxInt32))
 		if err != nil {
 			w.log.Warn("busylist: writing without asynchronous puts", "err", err)
 			pub = nil
