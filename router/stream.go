@@ -22,7 +22,9 @@ import (
 // completion and its usage.
 //
 // A stream that ends with a read error, or with an end of stream before
-// [DONE] and before any finish_reason or error event, was cut. Without
+// [DONE] and before any finish_reason or error event, was cut. A read error
+// after [DONE] or an error event was relayed is no cut: the client's stream
+// had ended, and nothing is added to it. Without
 // migration, the client's stream then ends with an error event and [DONE]:
 //
 //	data: {"error":{"message":"...","type":"upstream_error","code":502}}
@@ -52,8 +54,8 @@ import (
 type streamEnd uint8
 
 const (
-	streamComplete streamEnd = iota // [DONE], a finish reason or an error event, then the end
-	streamCut                       // a read error, or the end before any of those
+	streamComplete streamEnd = iota // [DONE], a finish reason or an error event, then the end (or a read error after [DONE] or an error event)
+	streamCut                       // any other read error, or the end before any of those
 	streamClient                    // the client went away
 )
 
@@ -188,8 +190,11 @@ func (ex *exchange) stream(up *upstream, mig *migration) {
 		rt.streamLog.warn("router: worker's stream cut", "model", ex.model, "worker", up.worker.WorkerID,
 			"endpoint", up.worker.Endpoint, "err", err)
 		if st.finished {
-			// Cut after the last text: only the end marker is missing.
-			ex.write([]byte("data: [DONE]\n\n"))
+			// Cut after the last text: only the end marker is missing,
+			// unless it was relayed.
+			if !st.done {
+				ex.write([]byte("data: [DONE]\n\n"))
+			}
 			return
 		}
 		if st.mig == nil || st.untracked {
@@ -226,6 +231,11 @@ func (ex *exchange) pump(up *upstream, st *streamState) (streamEnd, error) {
 			continue
 		}
 		if !errors.Is(err, io.EOF) {
+			if st.done || st.errored {
+				// The client's stream had ended ([DONE] or an error event
+				// relayed): only the engine's connection closing is lost.
+				return streamComplete, nil
+			}
 			if ex.r.Context().Err() != nil {
 				return streamClient, nil
 			}

@@ -333,6 +333,61 @@ func TestStreamCutAfterFinish(t *testing.T) {
 	}
 }
 
+// TestStreamCutAfterDone: an engine that sends its whole stream, [DONE]
+// included, and then loses its connection has ended the client's stream:
+// the router adds nothing after that [DONE] and counts no cut.
+func TestStreamCutAfterDone(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, envOptions{})
+	e := newEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, sseEvent(completionChunk("c", "all", "stop", nil)))
+		fmt.Fprint(w, "data: [DONE]\n\n")
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler) // cut before the chunked body's end
+	})
+	env.putWorker(t, model, 1, e.srv.URL)
+	raw := readAll(t, env.post(t, PathCompletions, `{"model":"`+model+`","prompt":"p","stream":true}`))
+	if res := parseStream(t, raw); res.text != "all" || res.done != 1 || len(res.errors) != 0 {
+		t.Errorf("client stream %q: want the engine's stream unchanged, one [DONE]", raw)
+	}
+	if got := env.metric(t, "workermon_router_upstream_errors_total", map[string]string{"kind": upstreamStream}); got != 0 {
+		t.Errorf("stream cuts counted = %v, want 0", got)
+	}
+}
+
+// TestStreamCutAfterErrorEventNotMigrated: an engine that answers an error
+// event and [DONE] (how vLLM reports an error inside a stream) and then
+// loses its connection has ended the client's stream: it is not continued
+// on another worker, even with migration on.
+func TestStreamCutAfterErrorEventNotMigrated(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, envOptions{config: func(c *Config) { c.MigrationLimit = 2 }})
+	var served atomic.Int32
+	handle := func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		if served.Add(1) > 1 {
+			fmt.Fprint(w, sseEvent(completionChunk("c2", "MORE", "stop", nil))+"data: [DONE]\n\n")
+			return
+		}
+		fmt.Fprint(w, sseEvent(completionChunk("c1", "a", "", nil)))
+		fmt.Fprint(w, `data: {"error":{"message":"boom","type":"InternalServerError","param":null,"code":500}}`+"\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}
+	env.putWorker(t, model, 1, newEngine(t, handle).srv.URL)
+	env.putWorker(t, model, 2, newEngine(t, handle).srv.URL)
+	env.putRecord(t, model, []uint64{1, 2}, nil, time.Now())
+	raw := readAll(t, env.post(t, PathCompletions, `{"model":"`+model+`","prompt":"p","stream":true}`))
+	if n := served.Load(); n != 1 {
+		t.Errorf("%d requests reached the engines; want 1: the stream had ended with an error event and [DONE]", n)
+	}
+	if res := parseStream(t, raw); res.done != 1 || res.text != "a" || len(res.errors) != 1 {
+		t.Errorf("client stream %q: want text %q, the engine's error event and one [DONE]", raw, "a")
+	}
+}
+
 func TestRawBodyCutAbortsClient(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, envOptions{})
