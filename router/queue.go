@@ -305,19 +305,25 @@ type modelQueue struct {
 var (
 	errQueueFull = errors.New("router: queue full")
 	errOvertake  = errors.New("router: the request goes ahead of the queue")
+	errNoWait    = errors.New("router: the request may not wait")
 )
 
 // join queues a request of priority p, class c and tenant t. admitted says
 // whether it would be admitted without queuing: it then goes ahead
 // (errOvertake) unless the queue holds a request of equal or higher
-// priority. A full queue evicts its newest request of the lowest priority
-// for a newcomer of higher priority, or refuses the newcomer (errQueueFull).
-func (mq *modelQueue) join(p int64, c admission.Class, t string, admitted bool, now time.Time) (*waiter, error) {
+// priority. A request that would have to join but may not wait (mayWait
+// false: X-Workermon-Max-Wait 0) is refused (errNoWait). A full queue
+// evicts its newest request of the lowest priority for a newcomer of higher
+// priority, or refuses the newcomer (errQueueFull).
+func (mq *modelQueue) join(p int64, c admission.Class, t string, admitted, mayWait bool, now time.Time) (*waiter, error) {
 	mq.mu.Lock()
 	defer mq.mu.Unlock()
 	n := int(mq.depth.Load())
 	if admitted && (n == 0 || p > mq.levels[0].priority) {
 		return nil, errOvertake
+	}
+	if !mayWait {
+		return nil, errNoWait
 	}
 	if n >= mq.q.maxRequests {
 		low := mq.levels[len(mq.levels)-1]
@@ -580,12 +586,13 @@ func (q *queues) snapshot(now time.Time) []QueueSnapshot {
 }
 
 // waits reports whether a request for model with decision d and headers qh
-// goes through the queue (contract §17): flow control is on and the request
-// may wait, and its class has no candidate or its model's queue holds
-// requests. nil-safe. With the queue empty it takes no lock and allocates
-// nothing.
+// goes through the queue (contract §17): flow control is on, and the
+// request may wait and its class has no candidate, or its model's queue
+// holds requests (which an admitted request that may not wait must not
+// overtake either: the queue answers it). nil-safe. With the queue empty it
+// takes no lock and allocates nothing.
 func (q *queues) waits(model string, d admission.Decision, qh queueHeaders) bool {
-	if q == nil || qh.maxWait == 0 {
+	if q == nil || (qh.maxWait == 0 && !d.Admit) {
 		return false
 	}
 	if !d.Admit && queueable(d) {
@@ -623,11 +630,19 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 	}
 	mq := q.forModel(ex.model)
 	start := time.Now()
-	w, err := mq.join(priorityOf(ex.r), ex.class, qh.tenant, d.Admit, start)
+	w, err := mq.join(priorityOf(ex.r), ex.class, qh.tenant, d.Admit, qh.maxWait != 0, start)
 	switch {
 	case errors.Is(err, errOvertake):
 		rt.admission.Observe(ex.model, d)
 		return cands, true
+	case errors.Is(err, errNoWait):
+		// Its wait of 0 ran out at once, behind the queue it may not
+		// overtake.
+		q.metrics.wait[ex.class][queueExpired].Observe(0)
+		rt.admission.Observe(ex.model, rejected(d))
+		rt.latency.reject(ex.model)
+		ex.queueReject(0, expiredMessage(0, ex.model))
+		return nil, false
 	case errors.Is(err, errQueueFull):
 		q.metrics.wait[ex.class][queueEvicted].Observe(0)
 		rt.admission.Observe(ex.model, rejected(d))
@@ -655,8 +670,7 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 			q.metrics.wait[ex.class][queueExpired].Observe(waited.Seconds())
 			rt.admission.Observe(ex.model, rejected(d))
 			rt.latency.reject(ex.model)
-			ex.queueReject(waited, fmt.Sprintf("Request waited %d ms in the queue for model %.256q: all workers stayed busy, please retry later",
-				waited.Milliseconds(), ex.model))
+			ex.queueReject(waited, expiredMessage(waited, ex.model))
 			return nil, false
 		}
 		v = <-w.done
@@ -679,6 +693,12 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 		return nil, false
 	}
 	return ex.decideAgain()
+}
+
+// expiredMessage is the message of a request whose wait ran out.
+func expiredMessage(waited time.Duration, model string) string {
+	return fmt.Sprintf("Request waited %d ms in the queue for model %.256q: all workers stayed busy, please retry later",
+		waited.Milliseconds(), model)
 }
 
 // queueReject answers a request that leaves the queue without dispatch:

@@ -262,6 +262,54 @@ func TestQueueNotWaiting(t *testing.T) {
 	}
 }
 
+// TestQueueMaxWaitZeroDoesNotOvertake: while the model's queue holds a
+// request, a newcomer of the same priority never goes ahead of it (contract
+// §17), whatever its X-Workermon-Max-Wait: with 0 it may not wait, so it
+// gets the 429 of a wait that ran out, after 0 ms, and does not take the
+// worker the queued request waits for. A newcomer of higher priority still
+// goes ahead.
+func TestQueueMaxWaitZeroDoesNotOvertake(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, envOptions{config: func(c *Config) {
+		c.QueueMaxWait = 2 * time.Second
+		c.QueuePace = time.Hour // the dispatcher's first turn comes after the test
+	}})
+	e := jsonEngine(t, "1")
+	env.putWorker(t, model, 1, e.srv.URL)
+	env.putRecord(t, model, nil, []uint64{1}, time.Now())
+
+	queued := env.send(t, t.Context(), queueBody, nil)
+	env.waitQueued(t, 1)
+	env.putRecord(t, model, []uint64{1}, nil, time.Now()) // the worker frees
+
+	resp, err := env.postWith(t.Context(), t, queueBody, map[string]string{MaxWaitHeader: "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := readAll(t, resp)
+	want := `Request waited 0 ms in the queue for model "` + model + `": all workers stayed busy, please retry later`
+	if resp.StatusCode != http.StatusTooManyRequests || errorBodyOf(t, b).Message != want ||
+		resp.Header.Get(QueuedHeader) != "0" || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("a newcomer with %s: 0 behind a queued request: %d %s, %s %q; want 429 %q",
+			MaxWaitHeader, resp.StatusCode, b, QueuedHeader, resp.Header.Get(QueuedHeader), want)
+	}
+	if n := e.hits.Load(); n != 0 {
+		t.Errorf("%d requests reached the engine ahead of the queued one", n)
+	}
+	if got := env.metric(t, "workermon_router_queue_wait_seconds", map[string]string{"class": "standard", "outcome": "expired"}); got != 1 {
+		t.Errorf("wait{expired} count %v, want 1", got)
+	}
+
+	resp, err = env.postWith(t.Context(), t, queueBody, map[string]string{MaxWaitHeader: "0", admission.PriorityHeader: "1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := readAll(t, resp); resp.StatusCode != http.StatusOK || e.hits.Load() != 1 {
+		t.Errorf("a newcomer of higher priority with %s: 0: %d %s, want it sent ahead of the queue", MaxWaitHeader, resp.StatusCode, b)
+	}
+	<-queued
+}
+
 // TestQueueHeaders400: a malformed X-Workermon-Max-Wait or
 // X-Workermon-Tenant is 400, also with flow control off.
 func TestQueueHeaders400(t *testing.T) {

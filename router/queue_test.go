@@ -126,7 +126,7 @@ func (c *collector) names() []string {
 
 func join(t *testing.T, mq *modelQueue, c *collector, name string, p int64, tenant string) {
 	t.Helper()
-	w, err := mq.join(p, admission.ClassOf(p), tenant, false, time.Now())
+	w, err := mq.join(p, admission.ClassOf(p), tenant, false, true, time.Now())
 	if err != nil {
 		t.Fatalf("join %s: %v", name, err)
 	}
@@ -163,25 +163,34 @@ func TestQueueOrder(t *testing.T) {
 }
 
 // TestQueueOvertake: a newcomer that would be admitted goes ahead only of
-// a queue whose head has a lower priority; otherwise it joins the queue.
+// a queue whose head has a lower priority; otherwise it joins the queue, or
+// is refused when it may not wait.
 func TestQueueOvertake(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeFleet(1)
 		mq := newTestQueue(t, f, 100)
-		if _, err := mq.join(0, admission.ClassStandard, "", true, time.Now()); err != errOvertake {
+		if _, err := mq.join(0, admission.ClassStandard, "", true, true, time.Now()); err != errOvertake {
 			t.Fatalf("admitted newcomer, empty queue: %v, want errOvertake", err)
 		}
 		c := &collector{start: time.Now()}
 		join(t, mq, c, "first", 0, "")
 		for _, p := range []int64{0, -3} {
-			w, err := mq.join(p, admission.ClassOf(p), "", true, time.Now())
+			w, err := mq.join(p, admission.ClassOf(p), "", true, true, time.Now())
 			if err != nil {
 				t.Fatalf("admitted newcomer of priority %d behind priority 0: %v, want queued", p, err)
 			}
 			c.watch("later", w)
 		}
-		if _, err := mq.join(1, admission.ClassCritical, "", true, time.Now()); err != errOvertake {
+		if _, err := mq.join(1, admission.ClassCritical, "", true, true, time.Now()); err != errOvertake {
 			t.Fatalf("admitted newcomer of higher priority: %v, want errOvertake", err)
+		}
+		// One that may not wait (X-Workermon-Max-Wait: 0) is refused, not
+		// sent ahead, unless its priority is higher.
+		if _, err := mq.join(0, admission.ClassStandard, "", true, false, time.Now()); err != errNoWait {
+			t.Fatalf("admitted newcomer that may not wait, behind priority 0: %v, want errNoWait", err)
+		}
+		if _, err := mq.join(1, admission.ClassCritical, "", true, false, time.Now()); err != errOvertake {
+			t.Fatalf("admitted newcomer of higher priority that may not wait: %v, want errOvertake", err)
 		}
 		f.set([]uint64{1}, nil)
 		time.Sleep(10 * DefaultQueuePace)
@@ -347,7 +356,7 @@ func TestQueueFullEvicts(t *testing.T) {
 		join(t, mq, c, "low-old", -1, "")
 		join(t, mq, c, "low-new", -1, "x")
 		join(t, mq, c, "std", 0, "")
-		if _, err := mq.join(-1, admission.ClassSheddable, "", false, time.Now()); err != errQueueFull {
+		if _, err := mq.join(-1, admission.ClassSheddable, "", false, true, time.Now()); err != errQueueFull {
 			t.Fatalf("newcomer of the lowest priority: %v, want errQueueFull", err)
 		}
 		join(t, mq, c, "high", 1, "")
@@ -379,7 +388,7 @@ func TestQueueRemove(t *testing.T) {
 		mq := newTestQueue(t, f, 100)
 		c := &collector{start: time.Now()}
 		join(t, mq, c, "a1", 0, "a")
-		wb, err := mq.join(0, admission.ClassStandard, "b", false, time.Now())
+		wb, err := mq.join(0, admission.ClassStandard, "b", false, true, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
