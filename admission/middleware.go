@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Defaults of the Middleware.
@@ -69,7 +70,7 @@ func ModelFromHeader(name string) ModelFunc {
 }
 
 // ModelFromJSONBody reads the top-level "model" string of a JSON body (an
-// OpenAI-style request). It reads at most limit bytes (DefaultModelPeekLimit
+// OpenAI-style request); of several, the last, as engines decode it. It reads at most limit bytes (DefaultModelPeekLimit
 // when limit ≤ 0) and puts them back in front of the rest of the body, so the
 // next handler reads the whole body unchanged. A body whose Content-Type is
 // set and not JSON is not read. A model field beyond the limit, or after a
@@ -101,30 +102,135 @@ type admitPeekedBody struct {
 }
 
 // admitJSONModel finds the top-level "model" string in a JSON object, or a
-// prefix of one.
+// prefix of one. Of a key given more than once the last counts, as in
+// encoding/json and Python's json, which engines decode the body with:
+// {"model":"free","model":"busy"} is served as "busy". In a prefix, or
+// before a syntax error, the last one before it counts. It scans the body
+// itself, allocating only the model it returns (and when a key or the model
+// has escapes): the values it skips are not checked further than their
+// extent, since a body the engine cannot decode is refused by the engine.
 func admitJSONModel(buf []byte) string {
-	dec := json.NewDecoder(bytes.NewReader(buf))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+	i := admitSpace(buf, 0)
+	if i >= len(buf) || buf[i] != '{' {
 		return ""
 	}
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return ""
+	var model []byte // the last "model" value, as it is in buf
+	for i = admitSpace(buf, i+1); i < len(buf) && buf[i] == '"'; i = admitSpace(buf, i+1) {
+		end, ok := admitStringEnd(buf, i)
+		if !ok {
+			break
 		}
-		if key, _ := t.(string); key == "model" {
-			t, err := dec.Token()
-			if s, ok := t.(string); ok && err == nil {
-				return s
-			}
-			return ""
+		key := buf[i:end]
+		if i = admitSpace(buf, end); i >= len(buf) || buf[i] != ':' {
+			break
 		}
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return ""
+		i = admitSpace(buf, i+1)
+		if end, ok = admitValueEnd(buf, i); !ok {
+			break
+		}
+		if admitIsModelKey(key) {
+			model = buf[i:end]
+		}
+		if i = admitSpace(buf, end); i >= len(buf) || buf[i] != ',' {
+			break
 		}
 	}
-	return ""
+	if len(model) < 2 || model[0] != '"' {
+		return ""
+	}
+	if inner := model[1 : len(model)-1]; bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner) {
+		return string(inner)
+	}
+	var s string
+	if json.Unmarshal(model, &s) != nil {
+		return ""
+	}
+	return s
+}
+
+// admitIsModelKey reports whether the string token key is "model".
+func admitIsModelKey(key []byte) bool {
+	if string(key) == `"model"` {
+		return true
+	}
+	if bytes.IndexByte(key, '\\') < 0 {
+		return false
+	}
+	var k string
+	return json.Unmarshal(key, &k) == nil && k == "model"
+}
+
+// admitSpace returns the index of the first byte from i that is not JSON
+// white space.
+func admitSpace(buf []byte, i int) int {
+	for i < len(buf) && (buf[i] == ' ' || buf[i] == '\t' || buf[i] == '\n' || buf[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// admitStringEnd returns the index after the string that starts at buf[i]
+// (a quote); false when buf ends first.
+func admitStringEnd(buf []byte, i int) (int, bool) {
+	for j := i + 1; ; {
+		k := bytes.IndexByte(buf[j:], '"')
+		if k < 0 {
+			return 0, false
+		}
+		j += k
+		n := 0 // backslashes before the quote
+		for n < j-i-1 && buf[j-1-n] == '\\' {
+			n++
+		}
+		j++
+		if n%2 == 0 {
+			return j, true
+		}
+	}
+}
+
+// admitValueEnd returns the index after the value that starts at buf[i];
+// false when buf ends first or no value starts there.
+func admitValueEnd(buf []byte, i int) (int, bool) {
+	if i >= len(buf) {
+		return 0, false
+	}
+	switch buf[i] {
+	case '"':
+		return admitStringEnd(buf, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(buf); {
+			switch buf[j] {
+			case '"':
+				end, ok := admitStringEnd(buf, j)
+				if !ok {
+					return 0, false
+				}
+				j = end
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return j + 1, true
+				}
+			}
+			j++
+		}
+		return 0, false
+	case ',', ':', '}', ']':
+		return 0, false
+	}
+	// A number or a literal: it ends at a delimiter, which a prefix may
+	// not have reached.
+	for j := i; j < len(buf); j++ {
+		switch buf[j] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return j, true
+		}
+	}
+	return 0, false
 }
 
 // DefaultModelFunc reads the model from the DefaultModelHeader header, and

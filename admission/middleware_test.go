@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"encoding/json"
 	"errors"
 	"io"
 	"maps"
@@ -159,6 +160,83 @@ func TestMiddlewareAdmits(t *testing.T) {
 	}
 }
 
+// TestMiddlewareDuplicateModelKey: a body naming "model" twice is served by
+// OpenAI-compatible engines (Python's json, Go's encoding/json) as the last
+// one; the Middleware decides on that model, so that naming a free model
+// first does not get a request for a busy one through.
+func TestMiddlewareDuplicateModelKey(t *testing.T) {
+	t.Parallel()
+	m, err := NewMiddleware(admitTestDecisions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := m.Wrap(admitTestNext)
+	for body, status := range map[string]int{
+		`{"model":"free","prompt":"p","model":"busy"}`: http.StatusServiceUnavailable,
+		`{"model":"busy","prompt":"p","model":"free"}`: http.StatusOK,
+	} {
+		req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if resp := admitTestServe(t, h, req); resp.StatusCode != status {
+			t.Errorf("%s: status %d, want %d (decided on the last model)", body, resp.StatusCode, status)
+		}
+	}
+}
+
+// TestAdmitJSONModel: the top-level "model" string, the last of several,
+// of a body or a prefix of one.
+func TestAdmitJSONModel(t *testing.T) {
+	t.Parallel()
+	for body, want := range map[string]string{
+		`{"model":"m"}`:                                        "m",
+		` { "model" : "m" , "n" : 1 } `:                        "m",
+		`{"model":"a","model":"b"}`:                            "b",
+		`{"model":"a","model":7}`:                              "",
+		`{"model":7,"model":"b"}`:                              "b",
+		`{"x":{"model":"in"},"model":"m"}`:                     "m",
+		`{"x":{"model":"in"}}`:                                 "",
+		`{"x":["a\"]",{"y":"}"}],"model":"m"}`:                 "m",
+		`{"x":"\\","model":"m"}`:                               "m",
+		`{"mod\u0065l":"m"}`:                                   "m",
+		`{"model":"caf\u00e9"}`:                                "café",
+		`{"Model":"m"}`:                                        "",
+		`{"n":-1.5e3,"t":true,"f":false,"z":null,"model":"m"}`: "m",
+		`{"model":"a","x":"unterminated`:                       "a",
+		`{"model":"a","model":"trunc`:                          "a",
+		`{"model":"a","n":12`:                                  "a",
+		`{"model":"a" "model":"b"}`:                            "a",
+		`{"model":`:                                            "",
+		`["model","m"]`:                                        "",
+		``:                                                     "",
+	} {
+		if got := admitJSONModel([]byte(body)); got != want {
+			t.Errorf("admitJSONModel(%s) = %q, want %q", body, got, want)
+		}
+	}
+}
+
+// FuzzAdmitJSONModel: on a JSON object, admitJSONModel finds what
+// encoding/json decodes as the last top-level "model" string.
+func FuzzAdmitJSONModel(f *testing.F) {
+	for _, s := range []string{`{"model":"m"}`, `{"model":"a","x":[{"model":"b"}],"model":"c"}`, `{"a\"":"\\","model":"\u00e9"}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got := admitJSONModel(body)
+		var m map[string]json.RawMessage
+		if json.Unmarshal(body, &m) != nil {
+			return
+		}
+		var want string
+		if raw, ok := m["model"]; ok {
+			_ = json.Unmarshal(raw, &want)
+		}
+		if got != want {
+			t.Errorf("admitJSONModel(%q) = %q, encoding/json: %q", body, got, want)
+		}
+	})
+}
+
 func TestModelFromJSONBodyLimit(t *testing.T) {
 	t.Parallel()
 	f := ModelFromJSONBody(16)
@@ -221,5 +299,24 @@ func wantSeries(t *testing.T, g prometheus.Gatherer, name string, base map[strin
 		if v := metricValue(t, g, name, lbl); v != w {
 			t.Errorf("%s%v = %v, want %v", name, lbl, v, w)
 		}
+	}
+}
+
+// BenchmarkAdmitJSONModel measures finding the model in a peeked body: first
+// in a short body, and after a long chat message.
+func BenchmarkAdmitJSONModel(b *testing.B) {
+	for _, c := range []struct{ name, body string }{
+		{"short", `{"model":"Qwen/Qwen3-0.6B","prompt":"hello","max_tokens":16,"stream":true}`},
+		{"long", `{"messages":[{"role":"user","content":"` + strings.Repeat("hello world ", 1000) + `"}],"model":"Qwen/Qwen3-0.6B","stream":true}`},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			buf := []byte(c.body)
+			b.ReportAllocs()
+			for b.Loop() {
+				if admitJSONModel(buf) != "Qwen/Qwen3-0.6B" {
+					b.Fatal("model not found")
+				}
+			}
+		})
 	}
 }
