@@ -29,7 +29,8 @@ import (
 // most one queued request per pace × the number of routers.
 //
 // A model's queue is guarded by its mutex and served by one goroutine that
-// runs while the queue holds requests. A request that does not wait reads
+// runs while the queue holds requests; close stops these goroutines and
+// waits for them. A request that does not wait reads
 // only an immutable map of the queues and the queue's atomic depth: no lock
 // and no allocation while the queue is empty.
 
@@ -249,12 +250,41 @@ type queues struct {
 
 	byModel atomic.Pointer[map[string]*modelQueue] // copied on write under mu
 	mu      sync.Mutex
+
+	closed      atomic.Bool   // set under mu; read under a modelQueue's mu by join
+	stop        chan struct{} // closed by close: the dispatchers end
+	dispatchers sync.WaitGroup
 }
 
 func newQueues(maxWait time.Duration, maxRequests int, pace time.Duration, deps queueDeps, m *queueMetrics) *queues {
-	q := &queues{maxWait: maxWait, maxRequests: maxRequests, pace: pace, deps: deps, metrics: m}
+	q := &queues{maxWait: maxWait, maxRequests: maxRequests, pace: pace, deps: deps, metrics: m, stop: make(chan struct{})}
 	q.byModel.Store(&map[string]*modelQueue{})
 	return q
+}
+
+// close stops queuing: every queued request is released, to be decided
+// again as if it never queued (requests in flight are not interrupted), a
+// newcomer no longer queues, and the dispatchers end; it returns once they
+// have. Idempotent.
+func (q *queues) close() {
+	q.mu.Lock()
+	if q.closed.Load() {
+		q.mu.Unlock()
+		return
+	}
+	q.closed.Store(true)
+	close(q.stop)
+	byModel := *q.byModel.Load()
+	q.mu.Unlock()
+	// A queue created from now on sees closed; one of byModel sees it once
+	// released here, so no dispatcher starts after this loop.
+	now := time.Now()
+	for _, mq := range byModel {
+		mq.mu.Lock()
+		mq.releaseAllLocked(now)
+		mq.mu.Unlock()
+	}
+	q.dispatchers.Wait()
 }
 
 // lookup returns model's queue, or nil when it never had one. Lock-free.
@@ -306,6 +336,7 @@ var (
 	errQueueFull = errors.New("router: queue full")
 	errOvertake  = errors.New("router: the request goes ahead of the queue")
 	errNoWait    = errors.New("router: the request may not wait")
+	errClosed    = errors.New("router: the queues are closed")
 )
 
 // join queues a request of priority p, class c and tenant t. admitted says
@@ -314,10 +345,14 @@ var (
 // priority. A request that would have to join but may not wait (mayWait
 // false: X-Workermon-Max-Wait 0) is refused (errNoWait). A full queue
 // evicts its newest request of the lowest priority for a newcomer of higher
-// priority, or refuses the newcomer (errQueueFull).
+// priority, or refuses the newcomer (errQueueFull). Once the queues are
+// closed, nothing joins (errClosed).
 func (mq *modelQueue) join(p int64, c admission.Class, t string, admitted, mayWait bool, now time.Time) (*waiter, error) {
 	mq.mu.Lock()
 	defer mq.mu.Unlock()
+	if mq.q.closed.Load() {
+		return nil, errClosed
+	}
 	n := int(mq.depth.Load())
 	if admitted && (n == 0 || p > mq.levels[0].priority) {
 		return nil, errOvertake
@@ -340,6 +375,7 @@ func (mq *modelQueue) join(p int64, c admission.Class, t string, admitted, mayWa
 	mq.pushLocked(w)
 	if !mq.running {
 		mq.running = true
+		mq.q.dispatchers.Add(1)
 		go mq.run()
 	}
 	return w, nil
@@ -441,12 +477,20 @@ func (mq *modelQueue) popLocked(w *waiter) {
 }
 
 // run is the model's dispatcher: every pace, while the queue holds
-// requests, it sends what the record allows.
+// requests and the queues are not closed, it sends what the record allows.
 func (mq *modelQueue) run() {
+	defer mq.q.dispatchers.Done()
 	t := time.NewTimer(mq.q.pace)
 	defer t.Stop()
 	for {
-		<-t.C
+		select {
+		case <-t.C:
+		case <-mq.q.stop:
+			mq.mu.Lock()
+			mq.running = false
+			mq.mu.Unlock()
+			return
+		}
 		mq.mu.Lock()
 		if mq.depth.Load() > 0 {
 			mq.dispatchLocked(time.Now())
@@ -635,6 +679,9 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 	case errors.Is(err, errOvertake):
 		rt.admission.Observe(ex.model, d)
 		return cands, true
+	case errors.Is(err, errClosed):
+		// The router is closing: decided as without flow control.
+		return ex.decideAgain()
 	case errors.Is(err, errNoWait):
 		// Its wait of 0 ran out at once, behind the queue it may not
 		// overtake.

@@ -451,6 +451,69 @@ func TestQueueRecordDeleted(t *testing.T) {
 	}
 }
 
+// dispatchers returns how many queue dispatchers run in the process.
+func dispatchers() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), "router.(*modelQueue).run(")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// TestRouterCloseStopsDispatchers: Close ends the queues' dispatchers and
+// returns once they have; a request still queued is released and decided
+// again as if it never queued (here the all-busy 503), and a request that
+// arrives later does not queue. Not parallel: it counts every dispatcher of
+// the process.
+func TestRouterCloseStopsDispatchers(t *testing.T) {
+	env := newTestEnv(t, envOptions{config: func(c *Config) {
+		c.QueueMaxWait = time.Hour
+		c.QueuePace = time.Hour // the dispatcher sleeps through the test
+	}})
+	e := jsonEngine(t, "1")
+	env.putWorker(t, model, 1, e.srv.URL)
+	env.putRecord(t, model, nil, []uint64{1}, time.Now())
+	queued := env.send(t, t.Context(), queueBody, nil)
+	env.waitQueued(t, 1)
+	if n := dispatchers(); n != 1 {
+		t.Fatalf("%d dispatchers with one model's queue holding a request, want 1", n)
+	}
+
+	if err := env.rt.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := dispatchers(); n != 0 {
+		t.Errorf("%d dispatchers left after Close", n)
+	}
+	var a answer
+	select {
+	case a = <-queued:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queued request was not answered after Close")
+	}
+	if a.err != nil || a.resp.StatusCode != http.StatusServiceUnavailable || string(a.body) != string(admission.RejectBody(503)) ||
+		a.resp.Header.Get(QueuedHeader) == "" {
+		t.Errorf("queued request at Close: %v %s, want the all-busy 503 with %s", a.err, a.body, QueuedHeader)
+	}
+
+	resp, err := env.postWith(t.Context(), t, queueBody, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get(QueuedHeader) != "" {
+		t.Errorf("request after Close: %d %s, %s %q; want the all-busy 503 at once", resp.StatusCode, b, QueuedHeader, resp.Header.Get(QueuedHeader))
+	}
+	if n := dispatchers(); n != 0 || env.queued() != 0 {
+		t.Errorf("%d dispatchers and %d queued after a request that arrived after Close", n, env.queued())
+	}
+	if e.hits.Load() != 0 {
+		t.Error("a request reached the busy worker")
+	}
+}
+
 // TestQueueDisconnects: thousands of queued requests whose clients go away
 // leave the queue at once, and the goroutines and memory they held come
 // back: a second round of them leaves the heap where the first left it.

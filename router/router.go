@@ -377,10 +377,16 @@ const (
 // ServeHTTP serves the proxied paths, /v1/models, /healthz and /readyz.
 func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.mux.ServeHTTP(w, r) }
 
-// Close closes the idle connections of the Router's own transport. Requests
-// in flight are not interrupted (shut the HTTP server down first). It is
-// idempotent and returns nil.
+// Close stops flow control and closes the idle connections of the Router's
+// own transport. Requests in flight are not interrupted (shut the HTTP
+// server down first): a request still queued is released and decided again
+// as if it never queued, as is a request that arrives later, and Close
+// returns once the queues' dispatchers have ended. It is idempotent and
+// returns nil.
 func (rt *Router) Close() error {
+	if rt.queue != nil {
+		rt.queue.close()
+	}
 	if rt.own != nil {
 		rt.own.CloseIdleConnections()
 	}
