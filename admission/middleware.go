@@ -101,18 +101,20 @@ type admitPeekedBody struct {
 	io.Closer
 }
 
-// admitJSONModel finds the top-level "model" string in a JSON object, or a
-// prefix of one. Of a key given more than once the last counts, as in
-// encoding/json and Python's json, which engines decode the body with:
-// {"model":"free","model":"busy"} is served as "busy". In a prefix, or
-// before a syntax error, the last one before it counts. It scans the body
-// itself, allocating only the model it returns (and when a key or the model
-// has escapes): the values it skips are not checked further than their
-// extent, since a body the engine cannot decode is refused by the engine.
-func admitJSONModel(buf []byte) string {
+// ModelValue returns the value of the last top-level "model" key of a JSON
+// object, or of a prefix of one, as it is in buf (a string still quoted, or
+// any other value); nil when there is none. Of a key given more than once
+// the last counts, and only the key "model" itself (no other case), as in
+// Python's json, which engines decode the body with:
+// {"model":"free","model":"busy"} and {"model":"busy","Model":"free"} are
+// both served as "busy". In a prefix, or before a syntax error, the last
+// one before it counts. It scans buf itself and allocates nothing (but for
+// keys with escapes): the values it skips are not checked further than
+// their extent, so a caller that needs a valid body checks it apart.
+func ModelValue(buf []byte) []byte {
 	i := admitSpace(buf, 0)
 	if i >= len(buf) || buf[i] != '{' {
-		return ""
+		return nil
 	}
 	var model []byte // the last "model" value, as it is in buf
 	for i = admitSpace(buf, i+1); i < len(buf) && buf[i] == '"'; i = admitSpace(buf, i+1) {
@@ -135,6 +137,14 @@ func admitJSONModel(buf []byte) string {
 			break
 		}
 	}
+	return model
+}
+
+// admitJSONModel finds the top-level "model" string in a JSON object, or a
+// prefix of one (ModelValue), allocating only the model it returns (and
+// when a key or the model has escapes).
+func admitJSONModel(buf []byte) string {
+	model := ModelValue(buf)
 	if len(model) < 2 || model[0] != '"' {
 		return ""
 	}

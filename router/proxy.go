@@ -234,17 +234,20 @@ func (rt *Router) unroutable(model string, d admission.Decision, registered []ev
 
 // requestModel returns the body's top-level "model", or the message of a 400
 // when the body is not a JSON object with a non-empty string model.
+//
+// The model is the last top-level key "model" exactly, as engines read it
+// (admission.ModelValue); encoding/json would also take "Model" or "MODEL"
+// and decide on another model than the one served.
 func requestModel(body []byte) (model, msg string) {
-	var req struct {
-		Model json.RawMessage `json:"model"`
-	}
-	if err := json.Unmarshal(body, &req); err != nil {
+	var obj struct{}
+	if err := json.Unmarshal(body, &obj); err != nil {
 		return "", "request body is not a JSON object: " + err.Error()
 	}
-	if len(req.Model) == 0 || string(req.Model) == "null" {
+	raw := admission.ModelValue(body)
+	if len(raw) == 0 || string(raw) == "null" {
 		return "", `request body has no "model"`
 	}
-	if req.Model[0] != '"' || json.Unmarshal(req.Model, &model) != nil {
+	if raw[0] != '"' || json.Unmarshal(raw, &model) != nil {
 		return "", `"model" must be a string`
 	}
 	// The name itself is never echoed here: it may be megabytes long.
@@ -253,7 +256,7 @@ func requestModel(body []byte) (model, msg string) {
 		return "", `"model" is empty`
 	case len(model) > events.MaxModelLen:
 		return "", fmt.Sprintf(`"model" is %d bytes long: a model name is at most %d bytes`, len(model), events.MaxModelLen)
-	case !utf8.Valid(req.Model):
+	case !utf8.Valid(raw):
 		// json.Unmarshal turns invalid bytes into U+FFFD: check them raw.
 		return "", `"model" is not valid UTF-8`
 	}

@@ -432,6 +432,7 @@ func TestBadRequests(t *testing.T) {
 		{"no model", `{"prompt":"x"}`, false, 400},
 		{"null model", `{"model":null}`, false, 400},
 		{"model not a string", `{"model":42}`, false, 400},
+		{"model only in another case", `{"Model":"` + model + `"}`, false, 400},
 		{"empty model", `{"model":""}`, false, 400},
 		{"empty body", ``, false, 400},
 		{"too large", big, false, 413},
@@ -453,6 +454,37 @@ func TestBadRequests(t *testing.T) {
 				t.Errorf("status %d body %s", resp.StatusCode, body)
 			}
 		})
+	}
+	if e.hits.Load() != 0 {
+		t.Errorf("engine hits %d", e.hits.Load())
+	}
+}
+
+// TestModelKeyExactCase: the router decides on the model the engine
+// serves — the last top-level key "model" exactly, as Python's json reads
+// it. encoding/json also matched "Model", so {"model":busy,"Model":free}
+// was admitted for a free model's workers and served as the busy one.
+func TestModelKeyExactCase(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, envOptions{})
+	e := jsonEngine(t, "1")
+	env.putWorker(t, model, 1, e.srv.URL)
+	env.putWorker(t, "free/model", 2, e.srv.URL)
+	env.putRecord(t, model, nil, []uint64{1}, time.Now())        // busy
+	env.putRecord(t, "free/model", []uint64{2}, nil, time.Now()) // free
+	for _, body := range []string{
+		`{"model":"` + model + `","Model":"free/model","prompt":"x"}`,
+		`{"MODEL":"free/model","model":"` + model + `","prompt":"x"}`,
+		`{"model":"free/model","model":"` + model + `","prompt":"x"}`,
+	} {
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, env.front.URL+PathCompletions, strings.NewReader(body))
+		resp, err := env.front.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
+			t.Errorf("%s: %d %s, want the 503 of %s, whose workers are all busy", body, resp.StatusCode, b, model)
+		}
 	}
 	if e.hits.Load() != 0 {
 		t.Errorf("engine hits %d", e.hits.Load())
