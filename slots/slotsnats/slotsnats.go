@@ -256,7 +256,7 @@ func Estimates(ctx context.Context, cfg EstimatesConfig) error {
 	t := time.NewTicker(cfg.Every)
 	defer t.Stop()
 	for {
-		e.pass()
+		e.pass(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -282,7 +282,12 @@ type rankKey struct {
 	rank uint32
 }
 
-func (e *estimator) pass() {
+// pass publishes every worker's estimates, and says goodbye for the
+// workers idle past IdleLinger: those goodbyes share one closeTimeout and
+// stop when ctx ends (closeAll says the rest), so that a NATS outage, where
+// each waits out its timeout, cannot hold the loop for closeTimeout per
+// worker.
+func (e *estimator) pass(ctx context.Context) {
 	// Ranks as [start, end) in uint64: start+size may be 2^32.
 	ranges := make(map[workerKey][2]uint64)
 	for _, w := range e.cfg.Tracker.Workers("", "") {
@@ -306,7 +311,12 @@ func (e *estimator) pass() {
 		}
 	}
 	now := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, closeTimeout)
+	defer cancel()
 	for k, ep := range e.pubs {
+		if ctx.Err() != nil {
+			break
+		}
 		r, ok := ranges[k]
 		switch {
 		case !ok || r != [2]uint64{uint64(ep.start), uint64(ep.start) + uint64(ep.size)}:
@@ -319,9 +329,7 @@ func (e *estimator) pass() {
 		case now.Sub(ep.idleSince) < e.cfg.IdleLinger:
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-		e.close(ctx, k, ep)
-		cancel()
+		e.close(cctx, k, ep)
 	}
 	for k, r := range ranges {
 		ep := e.pubs[k]

@@ -3,6 +3,7 @@ package slotsnats_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -256,5 +257,66 @@ func TestConfigsValidate(t *testing.T) {
 	sc.Tracker, sc.Registry = tr, &fakeRegistry{}
 	if err := sc.Validate(); err != nil {
 		t.Errorf("defaults: %v", err)
+	}
+}
+
+// TestEstimatesStopDuringOutage: while NATS is away, a worker idle past the
+// linger gets its goodbye within the pass's one closeTimeout, and an ended
+// context stops the pass: Estimates returns within closeTimeout (5 s) of
+// its context ending. The goodbyes went one by one on a context of their
+// own, 5 s each: with 3 idle workers it returned 15 s after the cancel, and
+// a router's shutdown waited that long.
+func TestEstimatesStopDuringOutage(t *testing.T) {
+	t.Parallel()
+	opts := natstest.Options(t)
+	s := natstest.Start(t, opts)
+	nc := natstest.Connect(t, s, nats.ReconnectBufSize(-1)) // as natsconn connects a router
+	tr := newTracker(t)
+	const workers = 3
+	for w := range workers {
+		must(t, tr.Register(slots.Worker{WorkerID: uint64(w), Model: "m", BlockSize: 16, DPSize: 1}))
+		must(t, tr.Add(slots.Request{Model: "m", ID: fmt.Sprint("r", w), WorkerID: uint64(w), NewISLTokens: 5}))
+	}
+	sub, err := nc.SubscribeSync("wm.>")
+	must(t, err)
+	must(t, nc.Flush())
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		cfg := slotsnats.DefaultEstimatesConfig()
+		cfg.Conn, cfg.Tracker, cfg.ID, cfg.SubjectPrefix = nc, tr, "r1", "wm"
+		cfg.Every, cfg.IdleLinger = 10*time.Millisecond, 50*time.Millisecond
+		done <- slotsnats.Estimates(ctx, cfg)
+	}()
+	returned := false
+	defer func() {
+		cancel()
+		if !returned {
+			<-done
+		}
+	}()
+	seen := map[string]bool{}
+	for len(seen) < workers {
+		m, err := sub.NextMsg(5 * time.Second)
+		must(t, err)
+		seen[m.Subject] = true
+	}
+
+	// NATS goes away; the requests end; the linger passes.
+	natstest.Stop(t, s, opts)
+	for w := range workers {
+		must(t, tr.Free("m", "", fmt.Sprint("r", w)))
+	}
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		returned = true
+		if err != nil {
+			t.Errorf("Estimates: %v", err)
+		}
+	case <-time.After(8 * time.Second): // closeTimeout and a margin for a slow machine
+		t.Fatalf("Estimates has not returned %v after its context ended: the goodbyes wait out a timeout each", time.Since(start).Round(time.Second))
 	}
 }
