@@ -476,11 +476,15 @@ func (t *Tracker) Register(w Worker) error {
 			ranks: make(map[rankKey]*rank), requests: make(map[string]*request),
 			holders: make(map[uint64]holderSet)}
 	}
-	if len(tr.workers) > 0 && tr.blockSize != w.BlockSize {
+	old, replacing := tr.workers[w.WorkerID]
+	others := len(tr.workers)
+	if replacing {
+		others-- // a worker registered again may change its own block size
+	}
+	if others > 0 && tr.blockSize != w.BlockSize {
 		return fmt.Errorf("block_size %d differs from %d, the block size of the other workers of %q/%q: %w",
 			w.BlockSize, tr.blockSize, w.Model, w.Tenant, ErrConflict)
 	}
-	old, replacing := tr.workers[w.WorkerID]
 	if !replacing && t.workers >= t.cfg.MaxWorkers {
 		return t.refuse(RejectedWorkers, fmt.Errorf("%d workers: %w", t.cfg.MaxWorkers, ErrLimit))
 	}
@@ -498,10 +502,13 @@ func (t *Tracker) Register(w Worker) error {
 		t.trackers[k] = tr
 		t.keys = nil
 	}
+	resized := tr.blockSize != w.BlockSize
 	tr.blockSize = w.BlockSize
 	if replacing {
+		// Its requests' block hashes are in the old block size's units:
+		// with a new size every rank starts again empty.
 		for r := range old.ranks() {
-			if !w.has(r) {
+			if resized || !w.has(r) {
 				t.dropRank(tr, rankKey{w.WorkerID, r})
 			}
 		}

@@ -216,6 +216,26 @@ func TestReRegister(t *testing.T) {
 	}
 }
 
+// TestReRegisterBlockSize: a model's only worker registered again with
+// another block size (its engine restarted so) takes it, and its requests,
+// whose block hashes were in the old size's units, are dropped; with
+// another worker of the model the size stays a conflict.
+func TestReRegisterBlockSize(t *testing.T) {
+	t.Parallel()
+	tr, _ := newTracker(t, nil)
+	must(t, tr.Register(Worker{WorkerID: 1, Model: "m", BlockSize: 16, DPSize: 1}))
+	must(t, tr.Add(Request{Model: "m", ID: "r", WorkerID: 1, Hashes: []uint64{1, 2}}))
+	must(t, tr.Register(Worker{WorkerID: 1, Model: "m", BlockSize: 32, DPSize: 1}))
+	if bs := tr.BlockSize("m", ""); bs != 32 {
+		t.Errorf("block size %d, want 32", bs)
+	}
+	if s := tr.Stats(); s.Requests != 0 || s.Blocks != 0 {
+		t.Errorf("stats %+v: want the requests of the old block size dropped", s)
+	}
+	must(t, tr.Register(Worker{WorkerID: 2, Model: "m", BlockSize: 32, DPSize: 1}))
+	wantErr(t, "a block size of its own with another worker", tr.Register(Worker{WorkerID: 1, Model: "m", BlockSize: 16, DPSize: 1}), ErrConflict)
+}
+
 // TestExpiry: a request older than the TTL is dropped.
 func TestExpiry(t *testing.T) {
 	t.Parallel()

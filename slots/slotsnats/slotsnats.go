@@ -136,12 +136,18 @@ type syncer struct {
 func (s *syncer) pass() {
 	seen := make(map[workerKey]struct{}, len(s.registered))
 	for _, model := range s.reg.Models() {
+		// What the tracker holds now: a worker unregistered behind Sync's
+		// back (POST /unregister) is registered again while its entry lives.
+		held := make(map[uint64]slots.Worker)
+		for _, w := range s.tr.Workers(model, slots.DefaultTenant) {
+			held[w.WorkerID] = w
+		}
 		for _, e := range s.reg.Endpoints(model) {
 			k := workerKey{model, e.WorkerID}
 			seen[k] = struct{}{}
 			w := slots.Worker{WorkerID: e.WorkerID, Model: model, Tenant: slots.DefaultTenant,
 				BlockSize: cmp.Or(e.BlockSize, s.blockSize), DPStart: e.DPStart, DPSize: max(e.DPSize, 1)}
-			if old, ok := s.registered[k]; ok && old == w {
+			if old, ok := s.registered[k]; ok && old == w && held[e.WorkerID] == w {
 				continue
 			}
 			if err := s.tr.Register(w); err != nil {

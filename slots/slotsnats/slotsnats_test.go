@@ -320,3 +320,25 @@ func TestEstimatesStopDuringOutage(t *testing.T) {
 		t.Fatalf("Estimates has not returned %v after its context ended: the goodbyes wait out a timeout each", time.Since(start).Round(time.Second))
 	}
 }
+
+// TestSyncFollowsTheTracker: Sync registers again a worker whose entry
+// lives but that the tracker lost (POST /unregister: it was never
+// registered again, every /add answered 404), and a model's only worker
+// whose entry changed its block size (refused as a conflict with itself).
+func TestSyncFollowsTheTracker(t *testing.T) {
+	t.Parallel()
+	tr, reg := newTracker(t), &fakeRegistry{}
+	reg.set("m", events.WorkerEntry{Model: "m", WorkerID: 1, DPSize: 1, BlockSize: 16})
+	cfg := slotsnats.DefaultSyncConfig()
+	cfg.Tracker, cfg.Registry, cfg.Every = tr, reg, 10*time.Millisecond
+	run(t, func(ctx context.Context) {
+		if err := slotsnats.Sync(ctx, cfg); err != nil {
+			t.Errorf("Sync: %v", err)
+		}
+	})
+	natstest.WaitFor(t, 5*time.Second, "worker 1 registered", func() bool { return len(tr.Workers("m", "")) == 1 })
+	must(t, tr.Unregister("m", "", 1))
+	natstest.WaitFor(t, 5*time.Second, "worker 1 registered again", func() bool { return len(tr.Workers("m", "")) == 1 })
+	reg.set("m", events.WorkerEntry{Model: "m", WorkerID: 1, DPSize: 1, BlockSize: 32})
+	natstest.WaitFor(t, 5*time.Second, "the new block size", func() bool { return tr.BlockSize("m", "") == 32 })
+}
