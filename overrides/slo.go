@@ -154,7 +154,7 @@ func (s *SLOStore) Get(ctx context.Context, model string) (SLO, bool, error) {
 	if err != nil {
 		return SLO{}, false, fmt.Errorf("overrides: get slo of %q: %w", model, err)
 	}
-	v, err := decodeSLO(e.Value())
+	v, err := decodeSLO(model, e.Value())
 	return v, err == nil, err
 }
 
@@ -214,10 +214,10 @@ func (s *SLOStore) List(ctx context.Context) (map[string]SLO, map[string]SLOStat
 			return
 		}
 		if status {
-			if st, err := decodeStatus(e.Value()); err == nil {
+			if st, err := decodeStatus(model, e.Value()); err == nil {
 				statuses[model] = st
 			}
-		} else if v, err := decodeSLO(e.Value()); err == nil {
+		} else if v, err := decodeSLO(model, e.Value()); err == nil {
 			slos[model] = v
 		}
 	})
@@ -241,7 +241,7 @@ func (s *SLOStore) Status(ctx context.Context, model string) (SLOStatus, uint64,
 	if err != nil {
 		return SLOStatus{}, 0, fmt.Errorf("overrides: get slo status of %q: %w", model, err)
 	}
-	st, err := decodeStatus(e.Value())
+	st, err := decodeStatus(model, e.Value())
 	return st, e.Revision(), err
 }
 
@@ -273,7 +273,10 @@ func (s *SLOStore) PutStatus(ctx context.Context, st SLOStatus, rev uint64) (uin
 	return rev, nil
 }
 
-func decodeSLO(data []byte) (SLO, error) {
+// decodeSLO decodes the SLO stored under model's key and checks it against
+// the key, as a cordon is: a value written under another model's key by
+// anybody else would be taken for that model's.
+func decodeSLO(model string, data []byte) (SLO, error) {
 	var v SLO
 	if err := json.Unmarshal(data, &v); err != nil {
 		return SLO{}, fmt.Errorf("%w: %v", ErrBadSLO, err)
@@ -281,16 +284,24 @@ func decodeSLO(data []byte) (SLO, error) {
 	if err := v.Validate(); err != nil {
 		return SLO{}, fmt.Errorf("%w: %w", ErrBadSLO, err)
 	}
+	if v.Model != model {
+		return SLO{}, fmt.Errorf("%w: stored under the key of %q, for %q", ErrBadSLO, model, v.Model)
+	}
 	return v, nil
 }
 
-func decodeStatus(data []byte) (SLOStatus, error) {
+// decodeStatus decodes the status stored under model's status key and
+// checks it against the key.
+func decodeStatus(model string, data []byte) (SLOStatus, error) {
 	var st SLOStatus
 	if err := json.Unmarshal(data, &st); err != nil {
 		return SLOStatus{}, fmt.Errorf("%w: status: %v", ErrBadSLO, err)
 	}
 	if err := events.ValidateModel(st.Model); err != nil {
 		return SLOStatus{}, fmt.Errorf("%w: status: %w", ErrBadSLO, err)
+	}
+	if st.Model != model {
+		return SLOStatus{}, fmt.Errorf("%w: status stored under the key of %q, for %q", ErrBadSLO, model, st.Model)
 	}
 	return st, nil
 }
@@ -345,7 +356,8 @@ func NewSLOWatcher(cfg SLOWatcherConfig) (*SLOWatcher, error) {
 			if strings.HasSuffix(key, statusSuffix) {
 				return entry{status: true}, nil
 			}
-			v, err := decodeSLO(value)
+			model, _ := events.ParseModelKey(key) // checked by parseKey
+			v, err := decodeSLO(model, value)
 			if err != nil {
 				return entry{}, fmt.Errorf("overrides: slo under %q: %w", key, err)
 			}

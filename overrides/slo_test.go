@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/overrides"
 	"github.com/workermon/workermon/slo"
 )
@@ -72,6 +73,40 @@ func TestSLOStore(t *testing.T) {
 	}
 	if _, rev, _ := s.Status(ctx, v.Model); rev != 0 {
 		t.Error("status still there after Delete")
+	}
+}
+
+// TestSLOUnderAnotherKey: an SLO or a status stored under another model's
+// key (by anybody but the store) is refused, as a cordon is, not taken
+// for that model's.
+func TestSLOUnderAnotherKey(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	ctx := t.Context()
+	s := sloStore(t, e)
+	if err := s.Put(ctx, overrides.SLO{Model: "c", ITLms: ptr(50), Percentile: 0.9, Mode: slo.ModeEnforce}); err != nil {
+		t.Fatal(err) // creates the bucket
+	}
+	kv, err := e.js.KeyValue(ctx, overrides.SLOBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(key, value string) {
+		t.Helper()
+		if _, err := kv.Put(ctx, key, []byte(value)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(events.ModelKey("b"), `{"model":"a","itl_ms":50,"percentile":0.9,"mode":"enforce"}`)
+	put(events.ModelKey("b")+".status", `{"model":"a","state":"steady","epoch":1}`)
+	if _, ok, err := s.Get(ctx, "b"); ok || !errors.Is(err, overrides.ErrBadSLO) {
+		t.Errorf("Get(b) of a's SLO: ok %v, err %v; want ErrBadSLO", ok, err)
+	}
+	if _, _, err := s.Status(ctx, "b"); !errors.Is(err, overrides.ErrBadSLO) {
+		t.Errorf("Status(b) of a's status: %v, want ErrBadSLO", err)
+	}
+	if slos, statuses, err := s.List(ctx); err != nil || len(slos) != 1 || len(statuses) != 0 {
+		t.Errorf("List = %v %v %v, want c's SLO alone", slos, statuses, err)
 	}
 }
 
