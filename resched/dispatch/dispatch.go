@@ -170,11 +170,15 @@ func (d *Dispatcher) Round(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Only the models whose records this monitor writes.
+	// Only the models whose records this monitor writes, under the epoch
+	// read here: read again later, a lease lost meanwhile would send
+	// epoch 0.
 	models := snap.Models[:0:0]
+	epochs := make(map[string]uint64, len(snap.Models))
 	for _, m := range snap.Models {
-		if d.cfg.Source.Epoch(m.Name) > 0 {
+		if e := d.cfg.Source.Epoch(m.Name); e > 0 {
 			models = append(models, m)
+			epochs[m.Name] = e
 		}
 	}
 	snap.Models = models
@@ -182,7 +186,7 @@ func (d *Dispatcher) Round(ctx context.Context) error {
 	sent := make([]Sent, len(pairs))
 	var wg sync.WaitGroup
 	for i, p := range pairs {
-		sent[i] = Sent{Pair: p, Epoch: d.cfg.Source.Epoch(p.Model)}
+		sent[i] = Sent{Pair: p, Epoch: epochs[p.Model]}
 		d.metrics.pairs.WithLabelValues(p.Reason).Inc()
 		wg.Go(func() { d.send(ctx, &sent[i]) })
 	}
@@ -211,7 +215,8 @@ func (d *Dispatcher) send(ctx context.Context, s *Sent) {
 		if err == nil {
 			var reply events.MigrateReply
 			if reply, err = events.DecodeMigrateReply(msg.Data); err == nil {
-				s.Result, s.Migrated = ResultOK, reply.Migrated
+				// An engine's count is not trusted past what was asked.
+				s.Result, s.Migrated = ResultOK, min(reply.Migrated, req.MaxRequests)
 			}
 		}
 	}

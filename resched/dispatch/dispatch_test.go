@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,11 +16,20 @@ import (
 	"github.com/workermon/workermon/resched/dispatch"
 )
 
-// fakeSource is a fixed view; it writes the records of "mine" only.
-type fakeSource struct{ snap resched.Snapshot }
+// fakeSource is a fixed view; it writes the records of "mine" and
+// "silent" only, under epoch 5, and loses their leases once asked
+// loseAfter times (0: never).
+type fakeSource struct {
+	snap      resched.Snapshot
+	loseAfter int
+	asked     *atomic.Int32
+}
 
 func (f fakeSource) Snapshot(context.Context) (resched.Snapshot, error) { return f.snap, nil }
 func (f fakeSource) Epoch(model string) uint64 {
+	if n := f.asked.Add(1); f.loseAfter > 0 && int(n) > f.loseAfter {
+		return 0
+	}
 	if model == "mine" || model == "silent" {
 		return 5
 	}
@@ -44,7 +54,7 @@ func TestDispatch(t *testing.T) {
 			return
 		}
 		got <- r
-		reply, _ := events.MarshalMigrateReply(events.MigrateReply{Migrated: 1})
+		reply, _ := events.MarshalMigrateReply(events.MigrateReply{Migrated: 7}) // more than the 2 asked
 		_ = m.Respond(reply)
 	}); err != nil {
 		t.Fatal(err)
@@ -60,8 +70,11 @@ func TestDispatch(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	d, err := dispatch.New(dispatch.Config{Conn: nc, Prefix: "wm", Interval: time.Hour, MaxRequests: 2,
 		Timeout: 500 * time.Millisecond, Planner: planner, Registerer: reg,
-		Source: fakeSource{resched.Snapshot{Now: time.Unix(1_800_000_000, 0), Models: []resched.Model{
-			{Name: "mine", Workers: hot}, {Name: "silent", Workers: hot}, {Name: "not-mine", Workers: hot}}}},
+		// The leases are lost right after the models were chosen: the
+		// requests still carry the epoch they were chosen under.
+		Source: fakeSource{snap: resched.Snapshot{Now: time.Unix(1_800_000_000, 0), Models: []resched.Model{
+			{Name: "mine", Workers: hot}, {Name: "silent", Workers: hot}, {Name: "not-mine", Workers: hot}}},
+			loseAfter: 3, asked: new(atomic.Int32)},
 		Endpoint: func(model string, w uint64) string { return "http://w2:8000" }})
 	if err != nil {
 		t.Fatal(err)
@@ -98,7 +111,7 @@ func TestDispatch(t *testing.T) {
 		{"workermon_rescheduler_pairs_total", map[string]string{"policy": "decode_load"}, 2},
 		{"workermon_rescheduler_answers_total", map[string]string{"policy": "decode_load", "result": "ok"}, 1},
 		{"workermon_rescheduler_answers_total", map[string]string{"policy": "decode_load", "result": "no_responders"}, 1},
-		{"workermon_rescheduler_migrated_requests_total", map[string]string{"policy": "decode_load"}, 1},
+		{"workermon_rescheduler_migrated_requests_total", map[string]string{"policy": "decode_load"}, 2}, // the engine's 7, capped at the 2 asked
 	} {
 		if v, _ := promtest.Value(t, reg, c.name, c.labels); v != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)
