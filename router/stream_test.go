@@ -317,42 +317,34 @@ func TestMigrationTextBounded(t *testing.T) {
 	}
 }
 
+// TestStreamCutAfterFinish: an engine that loses its connection after its
+// last text (finish reason sent) has all but ended the stream: the router
+// adds the [DONE] it lacks, once; after its [DONE] too, the client's stream
+// had ended, and the router adds nothing and counts no cut.
 func TestStreamCutAfterFinish(t *testing.T) {
 	t.Parallel()
-	env := newTestEnv(t, envOptions{})
-	e := newEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, sseEvent(completionChunk("c", "all", "stop", nil)))
-		w.(http.Flusher).Flush()
-		panic(http.ErrAbortHandler)
-	})
-	env.putWorker(t, model, 1, e.srv.URL)
-	raw := readAll(t, env.post(t, PathCompletions, `{"model":"`+model+`","prompt":"p","stream":true}`))
-	if res := parseStream(t, raw); res.text != "all" || res.done != 1 || len(res.errors) != 0 {
-		t.Errorf("client stream %q", raw)
-	}
-}
-
-// TestStreamCutAfterDone: an engine that sends its whole stream, [DONE]
-// included, and then loses its connection has ended the client's stream:
-// the router adds nothing after that [DONE] and counts no cut.
-func TestStreamCutAfterDone(t *testing.T) {
-	t.Parallel()
-	env := newTestEnv(t, envOptions{})
-	e := newEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, sseEvent(completionChunk("c", "all", "stop", nil)))
-		fmt.Fprint(w, "data: [DONE]\n\n")
-		w.(http.Flusher).Flush()
-		panic(http.ErrAbortHandler) // cut before the chunked body's end
-	})
-	env.putWorker(t, model, 1, e.srv.URL)
-	raw := readAll(t, env.post(t, PathCompletions, `{"model":"`+model+`","prompt":"p","stream":true}`))
-	if res := parseStream(t, raw); res.text != "all" || res.done != 1 || len(res.errors) != 0 {
-		t.Errorf("client stream %q: want the engine's stream unchanged, one [DONE]", raw)
-	}
-	if got := env.metric(t, "workermon_router_upstream_errors_total", map[string]string{"kind": upstreamStream}); got != 0 {
-		t.Errorf("stream cuts counted = %v, want 0", got)
+	for _, done := range []bool{false, true} {
+		t.Run(fmt.Sprintf("done sent %v", done), func(t *testing.T) {
+			t.Parallel()
+			env := newTestEnv(t, envOptions{})
+			e := newEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				fmt.Fprint(w, sseEvent(completionChunk("c", "all", "stop", nil)))
+				if done {
+					fmt.Fprint(w, "data: [DONE]\n\n")
+				}
+				w.(http.Flusher).Flush()
+				panic(http.ErrAbortHandler) // cut before the chunked body's end
+			})
+			env.putWorker(t, model, 1, e.srv.URL)
+			raw := readAll(t, env.post(t, PathCompletions, `{"model":"`+model+`","prompt":"p","stream":true}`))
+			if res := parseStream(t, raw); res.text != "all" || res.done != 1 || len(res.errors) != 0 {
+				t.Errorf("client stream %q: want the engine's text, one [DONE]", raw)
+			}
+			if got := env.metric(t, "workermon_router_upstream_errors_total", map[string]string{"kind": upstreamStream}); done && got != 0 {
+				t.Errorf("stream cuts counted = %v, want 0", got)
+			}
+		})
 	}
 }
 

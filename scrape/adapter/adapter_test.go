@@ -438,12 +438,7 @@ func TestSilentEnginePausesAndResumes(t *testing.T) {
 			if err := a.Close(t.Context()); err != nil {
 				t.Fatalf("Close: %v", err)
 			}
-			mark(t, e.nc, "c")
-			bye := false
-			for _, m := range in.untilMarker(t, "c") {
-				bye = bye || m.bye
-			}
-			if !bye {
+			if !saidGoodbye(t, e, in) {
 				t.Error("no goodbye on Close")
 			}
 		})
@@ -463,14 +458,22 @@ func TestCloseAfterContextEnded(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	_ = a.Close(ctx) // may say the polling had not stopped yet
-	mark(t, e.nc, "closed")
-	bye := false
-	for _, m := range in.untilMarker(t, "closed") {
-		bye = bye || m.bye
-	}
-	if !bye {
+	if !saidGoodbye(t, e, in) {
 		t.Error("no goodbye from a Close whose context had ended")
 	}
+}
+
+// saidGoodbye reports whether a goodbye reached in before a marker sent
+// now.
+func saidGoodbye(t *testing.T, e *env, in *inbox) bool {
+	t.Helper()
+	mark(t, e.nc, "goodbye?")
+	for _, m := range in.untilMarker(t, "goodbye?") {
+		if m.bye {
+			return true
+		}
+	}
+	return false
 }
 
 // A declared rank that a good scrape no longer names is paused alone; the

@@ -77,6 +77,18 @@ func run(t *testing.T, f func(ctx context.Context)) (stop func()) {
 	return stop
 }
 
+// runSync runs Sync of reg into tr, a pass every 10 ms, for the test.
+func runSync(t *testing.T, tr *slots.Tracker, reg slotsnats.Registry) {
+	t.Helper()
+	cfg := slotsnats.DefaultSyncConfig()
+	cfg.Tracker, cfg.Registry, cfg.Every = tr, reg, 10*time.Millisecond
+	run(t, func(ctx context.Context) {
+		if err := slotsnats.Sync(ctx, cfg); err != nil {
+			t.Errorf("Sync: %v", err)
+		}
+	})
+}
+
 // TestSyncFollowsRegistry: entries become registrations with their block
 // size (or the default), a changed range is re-registered, a removed entry
 // is unregistered, and a worker the tracker refuses does not stop the rest.
@@ -86,13 +98,7 @@ func TestSyncFollowsRegistry(t *testing.T) {
 	reg.set("m", events.WorkerEntry{Model: "m", WorkerID: 1, DPSize: 2, BlockSize: 32},
 		events.WorkerEntry{Model: "m", WorkerID: 2, DPSize: 1, BlockSize: 64}) // 64 conflicts with 32
 	reg.set("n", events.WorkerEntry{Model: "n", WorkerID: 3, DPStart: 4, DPSize: 1})
-	cfg := slotsnats.DefaultSyncConfig()
-	cfg.Tracker, cfg.Registry, cfg.Every = tr, reg, 10*time.Millisecond
-	run(t, func(ctx context.Context) {
-		if err := slotsnats.Sync(ctx, cfg); err != nil {
-			t.Errorf("Sync: %v", err)
-		}
-	})
+	runSync(t, tr, reg)
 
 	workers := func() []slots.Worker { return tr.Workers("", "") }
 	natstest.WaitFor(t, 5*time.Second, "workers 1 and 3 registered", func() bool { return len(workers()) == 2 })
@@ -329,13 +335,7 @@ func TestSyncFollowsTheTracker(t *testing.T) {
 	t.Parallel()
 	tr, reg := newTracker(t), &fakeRegistry{}
 	reg.set("m", events.WorkerEntry{Model: "m", WorkerID: 1, DPSize: 1, BlockSize: 16})
-	cfg := slotsnats.DefaultSyncConfig()
-	cfg.Tracker, cfg.Registry, cfg.Every = tr, reg, 10*time.Millisecond
-	run(t, func(ctx context.Context) {
-		if err := slotsnats.Sync(ctx, cfg); err != nil {
-			t.Errorf("Sync: %v", err)
-		}
-	})
+	runSync(t, tr, reg)
 	natstest.WaitFor(t, 5*time.Second, "worker 1 registered", func() bool { return len(tr.Workers("m", "")) == 1 })
 	must(t, tr.Unregister("m", "", 1))
 	natstest.WaitFor(t, 5*time.Second, "worker 1 registered again", func() bool { return len(tr.Workers("m", "")) == 1 })
