@@ -77,10 +77,11 @@ func FormatLine(c Change) string {
 	return b.String()
 }
 
-// QuoteModel renders a model name for a terminal: as it is when every
-// rune of it is printable and it holds no space, '"' or '=', else quoted
-// with Go's escapes, so that a name carrying terminal escapes, tabs or
-// invalid UTF-8 can neither paint the screen nor fake rows or columns.
+// QuoteModel renders a model name — or any other text of a record, a
+// reason or a monitor id — for a terminal: as it is when every rune of it
+// is printable and it holds no space, '"' or '=', else quoted with Go's
+// escapes, so that text carrying terminal escapes, tabs or invalid UTF-8
+// can neither paint the screen nor fake rows or columns.
 func QuoteModel(m string) string {
 	if strings.ContainsAny(m, " \"=") || strings.ContainsFunc(m, func(r rune) bool { return !unicode.IsPrint(r) || r == utf8.RuneError }) {
 		return strconv.Quote(m)
@@ -92,7 +93,7 @@ func QuoteModel(m string) string {
 // say.
 func reasonOf(r *events.BusySet, id uint64) string {
 	if s, ok := r.Reasons[strconv.FormatUint(id, 10)]; ok && s != "" {
-		return s
+		return QuoteModel(s) // from the bucket: a newline or ESC must not reach the terminal
 	}
 	return "?"
 }
@@ -264,7 +265,7 @@ func (sc *screen) model(r *Record, now time.Time, cols int) {
 		sc.paint(escBold, QuoteModel(b.Model))+"  "+status+fmt.Sprintf("  busy %d  free %d  stale %d  amber %d  hard %d",
 			len(b.Busy), len(b.Free), len(b.Stale), len(b.Amber), len(b.Hard)),
 		"  thresholds "+thresholdsText(b.Thresholds, "  ")+
-			sc.paint(escDim, fmt.Sprintf("   updated %s ago by %s, epoch %d", age.Round(100*time.Millisecond), b.MonitorID, b.Epoch)))
+			sc.paint(escDim, fmt.Sprintf("   updated %s ago by %s, epoch %d", age.Round(100*time.Millisecond), QuoteModel(b.MonitorID), b.Epoch)))
 	hard := map[uint64]bool{}
 	for _, id := range b.Hard {
 		hard[id] = true

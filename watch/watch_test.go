@@ -242,3 +242,23 @@ func TestConfigValidate(t *testing.T) {
 		t.Errorf("a 300-byte model name: %v", err)
 	}
 }
+
+// TestControlCharactersFromRecord: a record's reasons and monitor id come
+// from the bucket as anybody wrote them; printed raw, a reason with a
+// newline faked a whole line of the Lines output, and one with ESC painted
+// or cleared the terminal. They are quoted as model names are.
+func TestControlCharactersFromRecord(t *testing.T) {
+	t.Parallel()
+	evil := "kv\n2026-11-10T12:00:00.000Z model=other all_busy=true\x1b[2J"
+	r := rec("m", []uint64{1}, []uint64{2}, nil, map[string]string{"1": evil})
+	r.MonitorID = "mon\x1b]0;pwned\x07"
+	line := FormatLine(Change{Model: "m", Record: r, At: t0})
+	if strings.ContainsAny(line, "\n\x1b\x07") {
+		t.Errorf("Lines output carries raw control characters from the record: %q", line)
+	}
+	for _, l := range Render(Config{}, []*Record{r}, t0, 100) {
+		if strings.ContainsAny(l, "\n\x1b\x07") {
+			t.Errorf("Screen line carries raw control characters from the record: %q", l)
+		}
+	}
+}
