@@ -161,6 +161,14 @@ type Config struct {
 	// Timeout bounds one request, answer included; a request that takes
 	// longer counts as an error.
 	Timeout time.Duration
+	// Duration, when positive, is how long Run offers load; then it waits
+	// for the requests in flight that can still be good (Generator.Hopeful)
+	// for at most Timeout, cancels the rest, and returns. Rates are taken
+	// over Duration: goodput is the good requests that arrived in it, over
+	// it (contract §16), so a request cut at the end does not count against
+	// a server that would have served it well. 0: offer until Run's
+	// context ends, which cancels the requests in flight.
+	Duration time.Duration
 
 	// CancelFraction is the fraction of requests, in [0, 1], that the
 	// client cancels mid-way: a streamed one after half its max_tokens
@@ -305,6 +313,9 @@ func (c Config) Validate() error {
 	}
 	if c.SLO.TTFT <= 0 || c.SLO.ITL <= 0 {
 		bad("SLO", "TTFT %v and ITL %v must be positive", c.SLO.TTFT, c.SLO.ITL)
+	}
+	if c.Duration < 0 {
+		bad("Duration", "%v is negative", c.Duration)
 	}
 	if c.Timeout <= 0 {
 		bad("Timeout", "%v is not positive", c.Timeout)

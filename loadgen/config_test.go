@@ -133,7 +133,7 @@ func TestRecorderWindow(t *testing.T) {
 			start: at(time.Duration(i) * time.Second),
 			res:   Result{Status: 200, E2E: time.Duration(i+1) * time.Millisecond}})
 	}
-	r.dropped(at(19 * time.Second))
+	r.dropped(at(19*time.Second), noClass)
 	r.sent(at(19*time.Second), noClass)
 	r.done(at(19*time.Second), done{class: noClass, o: outUnavailable, start: at(19 * time.Second), res: Result{Status: 503}})
 

@@ -2,6 +2,7 @@ package loadgen
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -252,4 +253,69 @@ func TestWorkloadSeeded(t *testing.T) {
 	if !slices.Equal(a, b) || slices.Equal(a, c) {
 		t.Errorf("seed 1 twice: equal %v; seeds 1 and 2: equal %v", slices.Equal(a, b), slices.Equal(a, c))
 	}
+}
+
+// steadyConfig is a constant 10 requests/s of 50-token streams that take
+// 100 ms + 49 × 20 ms ≈ 1.08 s each, every one well within the SLO (TTFT
+// 1 s, ITL 50 ms), against ft.
+func steadyConfig(ft http.RoundTripper) Config {
+	cfg := DefaultConfig()
+	cfg.Transport, cfg.CancelFraction = ft, 0
+	cfg.RPS, cfg.MaxTokens, cfg.PromptTokens = 10, 50, 8
+	cfg.SLO = SLO{TTFT: time.Second, ITL: 50 * time.Millisecond}
+	cfg.Window = 5 * time.Second
+	return cfg
+}
+
+// TestDurationDrains: with a Duration, the requests in flight when the
+// load stops finish, and the rates are over the Duration: a server that
+// serves every request within the SLO shows a goodput of the offered rate.
+// Cut at the end (a context's deadline), the last second's requests were
+// aborted and goodput read 7.8 of 9.8 requests/s.
+func TestDurationDrains(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := steadyConfig(&streamTransport{ttft: 100 * time.Millisecond, itl: 20 * time.Millisecond, slowPrompt: 1 << 20})
+		cfg.Duration = 5 * time.Second
+		g, err := New(cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Run(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		s := g.Stats()
+		rep := s.Report()
+		if s.Elapsed != cfg.Duration || s.Total.Aborted != 0 || s.Total.Good != s.Total.Sent || s.InFlight != 0 {
+			t.Errorf("elapsed %v, %+v: want the Duration, every request sent good, none aborted", s.Elapsed, s.Total)
+		}
+		if rep.GoodputRPS != rep.OfferedRPS || rep.OfferedRPS < 9 {
+			t.Errorf("goodput %.2f/s, offered %.2f/s: want both about 10", rep.GoodputRPS, rep.OfferedRPS)
+		}
+	})
+}
+
+// TestWindowGoodputSteady: in the live window, good requests count when
+// they end, as the 200s do: at a steady state where every request is good
+// the window's goodput is its rate of 200s. Counted by arrival, the
+// arrivals of the window's last request duration were missing (7.8 of
+// 10 requests/s here).
+func TestWindowGoodputSteady(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g, err := New(steadyConfig(&streamTransport{ttft: 100 * time.Millisecond, itl: 20 * time.Millisecond, slowPrompt: 1 << 20}), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- g.Run(ctx) }()
+		time.Sleep(20 * time.Second)
+		w := g.Stats().Window
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if w.OK < 45 || w.Good != w.OK {
+			t.Errorf("window of %v: %d good, %d 200s; want about 50 of each, the same", w.Duration, w.Good, w.OK)
+		}
+	})
 }

@@ -134,9 +134,10 @@ func New(cfg Config, logger *slog.Logger) (*Generator, error) {
 	return g, nil
 }
 
-// Run sends requests until ctx ends, then cancels those in flight (counted
-// as aborted), waits for them and returns nil. It may be called once; a
-// second call fails with ErrAlreadyRun.
+// Run sends requests until ctx ends, or for Config.Duration, then cancels
+// those in flight (counted as aborted) — after Duration, once none of them
+// can still be good — waits for them and returns nil. It may be called
+// once; a second call fails with ErrAlreadyRun.
 func (g *Generator) Run(ctx context.Context) error {
 	if !g.started.CompareAndSwap(false, true) {
 		return fmt.Errorf("loadgen: run: %w", ErrAlreadyRun)
@@ -146,8 +147,11 @@ func (g *Generator) Run(ctx context.Context) error {
 	g.rec.setTarget(g.cfg.RateAt(0))
 	g.log.Info("loadgen: started", "target", g.url, "profile", g.cfg.Profile)
 
+	// The requests' context: ctx, or the end of the drain after Duration.
+	rctx, cancelRequests := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {
+		cancelRequests()
 		wg.Wait()
 		if g.transport != nil {
 			g.transport.CloseIdleConnections()
@@ -158,12 +162,22 @@ func (g *Generator) Run(ctx context.Context) error {
 
 	tick := time.NewTicker(schedulerTick)
 	defer tick.Stop()
+	var stop <-chan time.Time
+	if g.cfg.Duration > 0 {
+		t := time.NewTimer(g.cfg.Duration)
+		defer t.Stop()
+		stop = t.C
+	}
 	rng := rand.New(rand.NewPCG(g.cfg.Seed, arrivalStream))
 	last, credit := start, 0.0
 	next := start // the next Poisson arrival
 	for {
 		select {
 		case <-ctx.Done():
+			return nil
+		case <-stop:
+			g.rec.finish(start.Add(g.cfg.Duration))
+			g.drain(ctx)
 			return nil
 		case now := <-tick.C:
 			if ctx.Err() != nil {
@@ -184,7 +198,7 @@ func (g *Generator) Run(ctx context.Context) error {
 						next = now.Add(schedulerTick)
 						break
 					}
-					g.launch(ctx, now, next.Sub(start), &wg, rng)
+					g.launch(rctx, now, next.Sub(start), &wg, rng)
 					next = next.Add(time.Duration(rng.ExpFloat64() / r * float64(time.Second)))
 				}
 				continue
@@ -192,11 +206,32 @@ func (g *Generator) Run(ctx context.Context) error {
 			credit = min(credit+rate*now.Sub(last).Seconds(), max(1, rate*maxBurstSeconds))
 			last = now
 			for ; credit >= 1; credit-- {
-				g.launch(ctx, now, now.Sub(start), &wg, rng)
+				g.launch(rctx, now, now.Sub(start), &wg, rng)
 			}
 		}
 	}
 }
+
+// drain waits, once the load has stopped, until no request in flight can
+// still be good, for at most Config.Timeout, or until ctx ends.
+func (g *Generator) drain(ctx context.Context) {
+	limit := time.NewTimer(g.cfg.Timeout)
+	defer limit.Stop()
+	poll := time.NewTicker(drainPoll)
+	defer poll.Stop()
+	for g.flights.hopeful(time.Now()) > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-limit.C:
+			return
+		case <-poll.C:
+		}
+	}
+}
+
+// drainPoll is how often drain looks at the requests in flight.
+const drainPoll = 50 * time.Millisecond
 
 // arrivalStream is the second word of the seed of the arrivals' and
 // lengths' generator (the priorities' has its own).
@@ -237,15 +272,9 @@ func (g *Generator) launch(ctx context.Context, now time.Time, offered time.Dura
 	} else {
 		body = g.bodies[model]
 	}
-	select {
-	case g.sem <- struct{}{}:
-	default:
-		g.rec.dropped(now)
-		if g.cfg.OnDone != nil {
-			g.cfg.OnDone(Sample{Offered: offered, Dropped: true})
-		}
-		return
-	}
+	// The priority too is drawn before the cap is checked: the n-th offered
+	// request has the same class whatever was dropped, and a dropped one
+	// counts in its class's offered load.
 	class, header := noClass, ""
 	if g.chooser != nil {
 		i := g.chooser.next()
@@ -253,6 +282,15 @@ func (g *Generator) launch(ctx context.Context, now time.Time, offered time.Dura
 		if !g.cfg.NoPriorityHeader {
 			header = g.chooser.header[i]
 		}
+	}
+	select {
+	case g.sem <- struct{}{}:
+	default:
+		g.rec.dropped(now, class)
+		if g.cfg.OnDone != nil {
+			g.cfg.OnDone(Sample{Offered: offered, Dropped: true})
+		}
+		return
 	}
 	g.rec.sent(now, class)
 	wg.Go(func() {

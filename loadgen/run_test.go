@@ -323,3 +323,47 @@ func TestStreamFailures(t *testing.T) {
 		})
 	}
 }
+
+// holdTransport holds every request for an hour, so that a concurrency cap
+// of 1 drops nearly every offered request.
+type holdTransport struct{}
+
+func (holdTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	_ = r.Body.Close()
+	select {
+	case <-time.After(time.Hour):
+	case <-r.Context().Done():
+		return nil, r.Context().Err()
+	}
+	return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(sseAnswer(1))), Request: r}, nil
+}
+
+// TestClassOfferedIncludesDropped: a request dropped at the concurrency cap
+// counts in its class's offered load, so the classes add up to the total
+// (its class was drawn only once it passed the cap: they added up to 1 of
+// 100), and the n-th request's class does not depend on what was dropped.
+func TestClassOfferedIncludesDropped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := DefaultConfig()
+		cfg.Transport, cfg.CancelFraction, cfg.RPS, cfg.Concurrency, cfg.Seed = holdTransport{}, 0, 20, 1, 5
+		cfg.PriorityMix = []PriorityShare{{-1, 0.5}, {0, 0.5}}
+		g, err := New(cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := runFor(t, g, 5*time.Second)
+		rep := s.Report()
+		var sum float64
+		var dropped uint64
+		for _, c := range rep.Classes {
+			sum += c.OfferedRPS
+		}
+		for _, c := range s.Classes {
+			dropped += c.Total.Dropped
+		}
+		if math.Abs(sum-rep.OfferedRPS) > 1e-9 || dropped != s.Total.Dropped || dropped < 90 {
+			t.Errorf("classes' offered_rps add up to %.2f of %.2f, their drops %d of %d", sum, rep.OfferedRPS, dropped, s.Total.Dropped)
+		}
+	})
+}

@@ -87,7 +87,7 @@ type Counts struct {
 	// otherwise.
 	TTFT Latency
 	// Good is the number of requests that met Config.SLO (Result.Good).
-	// In a window, those that arrived in it.
+	// In a window, those that ended in it, as every outcome.
 	Good uint64
 	// TPOT is the time per output token of the OK streams of 2 tokens or
 	// more.
@@ -323,11 +323,14 @@ func (r *recorder) begin(now time.Time) {
 	r.start = now
 }
 
-// finish marks the end of the run.
+// finish marks the end of the run: of the load when it has a Duration
+// (the first call counts), the rates' span.
 func (r *recorder) finish(now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.end = now
+	if r.end.IsZero() {
+		r.end = now
+	}
 }
 
 // slotAt returns the slot of now, emptied if it held an older span. r.mu is
@@ -361,26 +364,25 @@ func (r *recorder) sent(now time.Time, class int) {
 	}
 }
 
-// dropped counts a request not sent at now.
-func (r *recorder) dropped(now time.Time) {
+// dropped counts a request of class not sent at now.
+func (r *recorder) dropped(now time.Time, class int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.total.dropped++
-	r.slotAt(now).c.dropped++
-}
-
-// slotIfCurrent returns the slot of t if it still holds t's span, else nil.
-// r.mu is held.
-func (r *recorder) slotIfCurrent(t time.Time) *slot {
-	e := int64(max(0, t.Sub(r.start)) / r.slotDur)
-	if s := &r.slots[e%windowSlots]; s.epoch == e {
-		return s
+	s := r.slotAt(now)
+	s.c.dropped++
+	if class != noClass && r.classes[class] != nil {
+		r.classes[class].total.dropped++
+		s.classes[class].dropped++
 	}
-	return nil
 }
 
 // done counts a request that ended at now with d.res.Status (0 without an
-// answer). A good request counts in the window of its arrival.
+// answer), in the window of its end as every outcome is: credited to its
+// arrival, a good request would count only once ended, and the live window
+// would leave out every arrival of its last request duration (40 % of the
+// rate with 3 s requests in a 5 s window). The totals are by arrival
+// anyway: every request counted arrived in the run.
 func (r *recorder) done(now time.Time, d done) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -400,9 +402,7 @@ func (r *recorder) done(now time.Time, d done) {
 	}
 	if d.good {
 		r.total.good++
-		if as := r.slotIfCurrent(d.start); as != nil {
-			as.c.good++
-		}
+		s.c.good++
 	}
 	class := d.class
 	if class == noClass || r.classes[class] == nil {
@@ -421,9 +421,7 @@ func (r *recorder) done(now time.Time, d done) {
 	}
 	if d.good {
 		cr.total.good++
-		if as := r.slotIfCurrent(d.start); as != nil {
-			as.classes[class].good++
-		}
+		s.classes[class].good++
 	}
 }
 

@@ -55,7 +55,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			"seed of the arrivals, the lengths and the priorities: the same seed sends the same sequence (0: a random one, printed)")
 		fs.BoolVar(&c.NoPriorityHeader, "no-priority-header", false,
 			"draw priorities from --priority-mix for the report but send no header (every request priority 0): a baseline")
-		fs.DurationVar(&duration, "duration", 0, "stop after this long (0: until Ctrl-C)")
+		fs.DurationVar(&duration, "duration", 0, "offer load for this long, then let the requests in flight that can still be good finish (0: until Ctrl-C)")
 		fs.DurationVar(&interval, "interval", interval, "how often to print a line")
 		lo.flags(fs)
 	}
@@ -72,6 +72,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	c.Models = strings.Split(models, ",")
 	c.Profile, c.API = loadgen.Profile(profile), loadgen.API(api)
 	c.Workload, c.Arrivals = loadgen.Workload(workload), loadgen.Arrivals(arrivals)
+	c.Duration = duration
 	if check.on {
 		// A seed of 0 stays 0 here: the run draws one and prints it.
 		return check.report(stdout, c.Validate(), nil)
@@ -82,11 +83,6 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	gen, err := loadgen.New(c, log)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, duration)
-		defer cancel()
 	}
 	done := make(chan error, 1)
 	go func() { done <- gen.Run(ctx) }()
