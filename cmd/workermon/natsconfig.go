@@ -8,6 +8,9 @@ import (
 	"io"
 	"strings"
 
+	"github.com/nats-io/nats-server/v2/conf"
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/workermon/workermon/events"
 )
 
@@ -25,33 +28,49 @@ func runNATSConfig(_ context.Context, args []string, stdout, stderr io.Writer) e
 	fs.StringVar(&prefix, "subject-prefix", prefix, "the --subject-prefix of the monitors and engines")
 	fs.StringVar(&account, "account", "", "print the block for this account (default: the server's default account, at the root)")
 	check := newCheck(fs, "nats-config")
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: workermon nats-config --partitions P [--subject-prefix P] [--account NAME]\n\n"+
-			"Prints the subject mappings every NATS server of a deployment with P partitions\n"+
-			"needs, and the publish permissions of an engine under them.")
-		fs.PrintDefaults()
+	if err := parseFlags(fs, args, stderr, nil); err != nil {
+		return err
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
-	}
+	var errs []error
 	if parts < 1 || parts > 1024 {
-		return fmt.Errorf("%w: --partitions %d must be 1 to 1024", errUsage, parts)
+		errs = append(errs, fmt.Errorf("%w: --partitions %d must be 1 to 1024", errUsage, parts))
 	}
 	if err := events.ValidatePrefix(prefix); err != nil {
-		return fmt.Errorf("%w: --subject-prefix: %v", errUsage, err)
+		errs = append(errs, fmt.Errorf("%w: --subject-prefix: %v", errUsage, err))
+	}
+	if err := validAccountName(account); err != nil {
+		errs = append(errs, fmt.Errorf("%w: --account: %v", errUsage, err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return check.report(stdout, err, nil)
 	}
 	if check.on {
 		return check.report(stdout, nil, nil)
 	}
 	fmt.Fprint(stdout, natsConfig(prefix, parts, account))
 	return nil
+}
+
+// validAccountName returns an error unless name is empty (the default
+// account) or one the NATS server takes as it is, unquoted, for the key of
+// an accounts block: the printed block parsed by the server's own
+// configuration parser must name exactly that account, and not the
+// reserved global account.
+func validAccountName(name string) error {
+	if name == "" {
+		return nil
+	}
+	if name == server.DEFAULT_GLOBAL_ACCOUNT {
+		return fmt.Errorf("%q is the server's reserved global account; leave --account unset for the default account", name)
+	}
+	parsed, err := conf.Parse("accounts {\n  " + name + " {\n  }\n}\n")
+	if err == nil {
+		accounts, _ := parsed["accounts"].(map[string]any)
+		if _, ok := accounts[name]; ok && len(parsed) == 1 && len(accounts) == 1 {
+			return nil
+		}
+	}
+	return fmt.Errorf("%q is not an account name a NATS server configuration takes unquoted: use letters, digits, '-' and '_'", name)
 }
 
 // natsConfig renders the configuration block.

@@ -84,3 +84,18 @@ func TestNATSConfigOnePartition(t *testing.T) {
 		t.Errorf("one partition needs no mapping, got:\n%s", out)
 	}
 }
+
+// TestNATSConfigReadsEnvironment: like every command, nats-config takes
+// each flag from its WORKERMON_ variable, so the monitors' exported
+// WORKERMON_PARTITIONS prints their mapping.
+func TestNATSConfigReadsEnvironment(t *testing.T) {
+	t.Setenv("WORKERMON_PARTITIONS", "8")
+	t.Setenv("WORKERMON_ACCOUNT", "ENGINES")
+	code, stdout, stderr := runCheck("nats-config")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if want := natsConfig(events.DefaultSubjectPrefix, 8, "ENGINES"); stdout != want {
+		t.Errorf("WORKERMON_PARTITIONS=8 WORKERMON_ACCOUNT=ENGINES workermon nats-config printed:\n%s\nwant:\n%s", stdout, want)
+	}
+}
