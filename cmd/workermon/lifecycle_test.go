@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"net"
@@ -59,5 +60,39 @@ func TestHTTPShutdown(t *testing.T) {
 	defer cancel2()
 	if err := s2.shutdown(ctx2); err != nil {
 		t.Errorf("shutdown with only a connection that sent nothing: %v", err)
+	}
+}
+
+// TestInterruptWhileConnectingExitsZero: run documents exit 0 on interrupt.
+// Ctrl-C or a pod's SIGTERM while a command still waits for an unreachable
+// NATS server is one too, not exit 1 with "context canceled".
+func TestInterruptWhileConnectingExitsZero(t *testing.T) {
+	t.Parallel()
+	const dead = "nats://127.0.0.1:1" // nothing listens there
+	tests := [][]string{
+		{"sim", "--nats-url", dead, "--http-addr", ""},
+		{"scrape", "--nats-url", dead, "--engine", "vllm", "--metrics-url", "http://127.0.0.1:1/metrics",
+			"--model", "m", "--worker-id", "1", "--http-addr", ""},
+		{"serve", "--nats-url", dead, "--http-addr", "127.0.0.1:0"},
+		{"slots", "--from-registry", "--nats-url", dead, "--http-addr", "127.0.0.1:0"},
+		{"watch", "--nats-url", dead},
+	}
+	for _, args := range tests {
+		t.Run(args[0], func(t *testing.T) {
+			t.Parallel()
+			var c command
+			for _, c = range commands() {
+				if c.name == args[0] {
+					break
+				}
+			}
+			// As signal.NotifyContext does on SIGINT: a cancel, not a deadline.
+			ctx, cancel := context.WithCancel(t.Context())
+			time.AfterFunc(time.Second, cancel)
+			var stdout, stderr bytes.Buffer
+			if code := runCommand(ctx, c, args[1:], &stdout, &stderr); code != 0 {
+				t.Errorf("interrupted while waiting for NATS: exit %d, want 0; stderr:\n%s", code, stderr.String())
+			}
+		})
 	}
 }

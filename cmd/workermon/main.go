@@ -60,21 +60,31 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		err := c.run(ctx, args[1:], stdout, stderr)
-		switch {
-		case err == nil, errors.Is(err, flag.ErrHelp):
-			return 0
-		case errors.Is(err, errUsage):
-			fmt.Fprintf(stderr, "workermon %s: %v\n", c.name, err)
-			return 2
-		default:
-			fmt.Fprintf(stderr, "workermon %s: %v\n", c.name, err)
-			return 1
-		}
+		return runCommand(ctx, c, args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "workermon: unknown command %q\n\n", args[0])
 	usage(stderr)
 	return 2
+}
+
+// runCommand runs c until ctx ends (Ctrl-C, SIGTERM) and returns its exit
+// code, as run documents. A command interrupted before it is up, such as
+// while it waits for NATS, ends with ctx's context.Canceled: that is an
+// interrupt too, exit 0.
+func runCommand(ctx context.Context, c command, args []string, stdout, stderr io.Writer) int {
+	err := c.run(ctx, args, stdout, stderr)
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		fmt.Fprintf(stderr, "workermon %s: %v\n", c.name, err)
+		return 2
+	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
+		return 0
+	default:
+		fmt.Fprintf(stderr, "workermon %s: %v\n", c.name, err)
+		return 1
+	}
 }
 
 func usage(w io.Writer) {
