@@ -135,6 +135,7 @@ func (o *demoOptions) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.noLoad, "no-load", false, "start no load generator (send your own requests to the router)")
 	fs.StringVar(&o.mix, "priority-mix", o.mix, `priorities of the load's requests, priority=share comma-separated ("": no header)`)
 	classFlags(fs, &o.serve.monitor)
+	o.serve.slo.flags(fs) // the demo's monitor runs the SLO controller
 	fs.DurationVar(&o.queueMaxWait, "queue-max-wait", o.queueMaxWait,
 		"how long the router's queue holds a request that may wait (0: no queue)")
 	fs.Float64Var(&o.queueShare, "queue-share", o.queueShare,

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -210,4 +212,54 @@ func boardAllBusy(url string) (allBusy, ok bool) {
 		return false, false
 	}
 	return snap.Models[0].AllBusy, true
+}
+
+// TestDemoFlagsAsDocumented: the demo's monitor runs the SLO controller, so
+// demo takes serve's --slo-* flags; every flag docs/configuration.md lists
+// for `workermon demo` is one demo has, and demo has each one it lists.
+func TestDemoFlagsAsDocumented(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, _ := strings.Cut(string(doc), "\n### workermon demo\n")
+	section, _, _ = strings.Cut(section, "\n### ")
+	documented := map[string]bool{}
+	for _, line := range strings.Split(section, "\n") {
+		if name, ok := strings.CutPrefix(line, "| `--"); ok {
+			name, _, _ = strings.Cut(name, "`")
+			documented[name] = true
+		}
+	}
+	o := defaultDemoOptions()
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	o.flags(fs)
+	fs.VisitAll(func(f *flag.Flag) {
+		if !documented[f.Name] {
+			t.Errorf("demo has --%s, docs/configuration.md does not list it for demo", f.Name)
+		}
+		delete(documented, f.Name)
+	})
+	for name := range documented {
+		t.Errorf("docs/configuration.md lists --%s for demo, demo has no such flag", name)
+	}
+
+	code, stdout, stderr := runCheck("demo", "--slo-interval", "3s", "--slo-decode-range", "0.3-0.9",
+		"--slo-prefill-range", "1024-2048", "--check")
+	if code != 0 {
+		t.Fatalf("demo with --slo-* flags --check: exit %d: %s", code, stderr)
+	}
+	var r checkReport
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]any{"slo-interval": "3s", "slo-decode-range": "0.3-0.9", "slo-prefill-range": "1024-2048"} {
+		if got := r.Flags[name]; got != want {
+			t.Errorf("--%s = %#v, want %#v", name, got, want)
+		}
+	}
+	if code, _, stderr := runCheck("demo", "--slo-interval", "0s", "--check"); code != 2 || !strings.Contains(stderr, "--slo-interval") {
+		t.Errorf("demo --slo-interval 0s --check: exit %d, want 2 naming --slo-interval: %s", code, stderr)
+	}
 }
