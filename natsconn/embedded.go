@@ -87,11 +87,11 @@ func DefaultEmbeddedConfig() EmbeddedConfig {
 // Validate reports every problem of c, joined; each is a [*ConfigError].
 func (c EmbeddedConfig) Validate() error {
 	var p problems
-	if _, _, err := splitListenAddr(c.Addr); err != nil {
+	if _, _, err := SplitListenAddr(c.Addr); err != nil {
 		p.add("Addr", "%v", err)
 	}
 	if c.MonitorAddr != "" {
-		if _, _, err := splitListenAddr(c.MonitorAddr); err != nil {
+		if _, _, err := SplitListenAddr(c.MonitorAddr); err != nil {
 			p.add("MonitorAddr", "%v", err)
 		} else if c.MonitorAddr == c.Addr && !strings.HasSuffix(c.Addr, ":0") {
 			p.add("MonitorAddr", "same as Addr")
@@ -111,8 +111,10 @@ func (c EmbeddedConfig) Validate() error {
 	return p.err()
 }
 
-// splitListenAddr parses host:port with a port from 0 to 65535.
-func splitListenAddr(addr string) (string, int, error) {
+// SplitListenAddr parses a listen address, host:port with a port from 0 to
+// 65535 (0: any free port), and returns its host and port. Commands check
+// their HTTP listen addresses with it too.
+func SplitListenAddr(addr string) (string, int, error) {
 	if addr == "" {
 		return "", 0, errors.New("empty")
 	}
@@ -179,7 +181,7 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 
 // startServer does the work of StartEmbedded once the data dir is locked.
 func startServer(ctx context.Context, cfg EmbeddedConfig, log *slog.Logger) (*Embedded, error) {
-	host, port, _ := splitListenAddr(cfg.Addr)
+	host, port, _ := SplitListenAddr(cfg.Addr)
 	opts := &server.Options{
 		ServerName:             cfg.ServerName,
 		Host:                   host,
@@ -190,7 +192,7 @@ func startServer(ctx context.Context, cfg EmbeddedConfig, log *slog.Logger) (*Em
 		DisableJetStreamBanner: true,
 	}
 	if cfg.MonitorAddr != "" {
-		mhost, mport, _ := splitListenAddr(cfg.MonitorAddr)
+		mhost, mport, _ := SplitListenAddr(cfg.MonitorAddr)
 		opts.HTTPHost, opts.HTTPPort = mhost, serverPort(mport)
 	}
 	s, err := server.NewServer(opts)
@@ -273,7 +275,7 @@ func checkListen(addr string) error {
 	if addr == "" {
 		return nil
 	}
-	if _, port, _ := splitListenAddr(addr); port == 0 {
+	if _, port, _ := SplitListenAddr(addr); port == 0 {
 		return nil
 	}
 	l, err := net.Listen("tcp", addr)

@@ -147,7 +147,8 @@ func (o *demoOptions) flags(fs *flag.FlagSet) {
 
 // validate checks what the demo's parts would check at their start, with
 // stand-ins for what only the start decides: the temporary store, the
-// embedded server's URL and the router's address.
+// embedded server's URL and the router's address. The listen addresses are
+// checked here, under the demo's names for them.
 func (o demoOptions) validate() error {
 	serve := o.serve
 	if serve.embedded.DataDir == "" {
@@ -156,9 +157,14 @@ func (o demoOptions) validate() error {
 	url := "nats://" + o.serve.embedded.Addr
 	rt := o.router
 	rt.natsURL = url
+	serve.httpAddr, rt.httpAddr = "127.0.0.1:0", "127.0.0.1:0"
 	fleet := o.fleet
 	fleet.NATS.URL = url
-	errs := []error{serve.validate(), rt.validate(), fleet.Validate()}
+	errs := []error{serve.validate(), rt.validate(), fleet.Validate(),
+		validListenAddr("monitor-addr", o.serve.httpAddr), validListenAddr("router-addr", o.router.httpAddr)}
+	if !(0 <= o.queueShare && o.queueShare <= 1) { // NaN too
+		errs = append(errs, fmt.Errorf("--queue-share %v must be in [0, 1]", o.queueShare))
+	}
 	load := o.load
 	load.Target, load.Models = "http://"+o.router.httpAddr, []string{o.fleet.Model}
 	var err error
@@ -251,8 +257,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := checkPeriods(o.interval, o.duration); err != nil {
 		return err
 	}
-	if check.on {
-		return check.report(stdout, o.validate(), nil)
+	if err := o.validate(); err != nil || check.on {
+		return check.report(stdout, err, nil)
 	}
 	if o.duration > 0 {
 		var cancel context.CancelFunc
@@ -267,9 +273,6 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		// even out the random imbalance of the load.
 		o.serve.resched.planner.BalanceGap = 0.02
 		o.router.router.MigrationLimit = max(o.router.router.MigrationLimit, 2)
-	}
-	if o.queueShare < 0 || o.queueShare > 1 {
-		return fmt.Errorf("%w: --queue-share %v must be in [0, 1]", errUsage, o.queueShare)
 	}
 	o.router.router.QueueMaxWait = o.queueMaxWait
 	d, err := startDemo(ctx, o, log)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/workermon/workermon/internal/httplimit"
+	"github.com/workermon/workermon/natsconn"
 )
 
 // What the long-running commands (serve, router, sim, demo) share: how they
@@ -108,6 +109,15 @@ func (s *httpServer) requestsInFlight() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.busy)
+}
+
+// validListenAddr checks the listen address addr of the flag name as a
+// start would need it: host:port with a port from 0 to 65535.
+func validListenAddr(name, addr string) error {
+	if _, _, err := natsconn.SplitListenAddr(addr); err != nil {
+		return fmt.Errorf("--%s %q: want host:port with a port from 0 to 65535: %w", name, addr, err)
+	}
+	return nil
 }
 
 // startHTTP listens on addr and serves h until shutdown, with the default

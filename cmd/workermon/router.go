@@ -141,6 +141,9 @@ func (o routerOptions) validate() error {
 	if err := c.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := validListenAddr("http-addr", o.httpAddr); err != nil {
+		errs = append(errs, fmt.Errorf("router: %w", err))
+	}
 	if o.staleListAfter <= 0 {
 		errs = append(errs, fmt.Errorf("router: --stale-list-after %v must be positive", o.staleListAfter))
 	}

@@ -96,6 +96,9 @@ func (o scrapeOptions) adapterConfig() (adapter.Config, error) {
 	nc := o.nats
 	nc.URL = o.natsURL
 	errs = append(errs, nc.Validate())
+	if o.httpAddr != "" {
+		errs = append(errs, validListenAddr("http-addr", o.httpAddr))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return c, fmt.Errorf("%w: %w", errUsage, err)
 	}

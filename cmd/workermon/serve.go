@@ -131,6 +131,9 @@ func (o serveOptions) validate() error {
 			errs = append(errs, err)
 		}
 	}
+	if err := validListenAddr("http-addr", o.httpAddr); err != nil {
+		errs = append(errs, fmt.Errorf("serve: %w", err))
+	}
 	if o.replicas < 1 || o.replicas > 5 {
 		errs = append(errs, fmt.Errorf("serve: --replicas %d must be 1 to 5", o.replicas))
 	}

@@ -130,6 +130,11 @@ func (o *simOptions) prepare() (kills, mutes map[uint64]time.Duration, err error
 	if err := o.fleet.Validate(); err != nil {
 		return nil, nil, err
 	}
+	if o.httpAddr != "" {
+		if err := validListenAddr("http-addr", o.httpAddr); err != nil {
+			return nil, nil, fmt.Errorf("%w: sim: %w", errUsage, err)
+		}
+	}
 	for id := range merged(kills, mutes) {
 		if id < o.fleet.BaseWorkerID || id-o.fleet.BaseWorkerID >= uint64(o.fleet.Workers) {
 			return nil, nil, fmt.Errorf("%w: --kill/--mute name worker %d, which is not in the fleet", errUsage, id)

@@ -56,7 +56,7 @@ func (o *slotsOptions) flags(fs *flag.FlagSet) {
 
 // validate checks what can be checked before anything starts.
 func (o slotsOptions) validate() error {
-	errs := []error{o.tracker.Validate(), o.estimates.validate()}
+	errs := []error{o.tracker.Validate(), o.estimates.validate(), validListenAddr("http-addr", o.httpAddr)}
 	if o.fromRegistry || o.estimates.publish {
 		c := o.nats
 		c.URL = o.natsURL

@@ -42,20 +42,32 @@ func (o *watchOptions) flags(fs *flag.FlagSet) {
 	o.log.flags(fs)
 }
 
-// validate checks the model and the NATS client configuration, and sets the
-// latter's URL.
+// validate checks the model, the watch's and the NATS client's
+// configuration, and sets the latter's URL.
 func (o *watchOptions) validate() error {
+	var errs []error
 	if o.model != "" {
 		if err := events.ValidateModel(o.model); err != nil {
-			return fmt.Errorf("%w: --model: %v", errUsage, err)
+			errs = append(errs, fmt.Errorf("--model: %v", err))
 		}
 	}
+	// The bucket and the output come with the start: stand-ins let
+	// Validate check the rest (--stale-list-after).
+	w := o.watch
+	w.JetStream, w.Out, w.Model = jetstreamStandIn{}, io.Discard, ""
+	if err := w.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("--stale-list-after: %w", err))
+	}
 	o.nats.URL = o.natsURL
-	if err := o.nats.Validate(); err != nil {
+	errs = append(errs, o.nats.Validate())
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	return nil
 }
+
+// jetstreamStandIn stands for the watch's JetStream before it connects.
+type jetstreamStandIn struct{ jetstream.JetStream }
 
 // runWatch is `workermon watch`: the busy-set bucket as it changes, redrawn
 // in place on a terminal, one line per change otherwise.
