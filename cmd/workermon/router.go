@@ -196,6 +196,14 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	fmt.Fprintf(stdout, "workermon router: NATS %s, proxy http://%s, board http://%s/\n", svc.natsURL, svc.httpAddr, svc.httpAddr)
+	select {
+	case <-ctx.Done():
+	case err := <-svc.failed:
+		log.Error("stopping", "err", err)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultShutdownTimeout)
+		defer cancel()
+		return errors.Join(err, svc.Close(cctx))
+	}
 	return closeWhenDone(ctx, log, "shutting down", svc.Close)
 }
 
@@ -214,6 +222,14 @@ type routerService struct {
 	board    *board.Board
 	// stopLatency stops the latency windows (contract §18).
 	stopLatency func()
+	// failed receives the server check's refusal (contract §14) of a
+	// server first reached after the start: it ends the command. It is
+	// nil when the server was checked at start.
+	failed chan error
+	// stopCheck stops that late check; checkDone is closed when it has
+	// returned.
+	stopCheck context.CancelFunc
+	checkDone chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
@@ -239,13 +255,17 @@ func startRouter(o routerOptions, log *slog.Logger, reg *prometheus.Registry) (_
 		return nil, err
 	}
 	// The router comes up before NATS does (it fails open); a server it
-	// finds at start is checked now.
+	// finds at start is checked now, one it reaches later on the first
+	// connection.
 	if svc.nc.IsConnected() {
 		if err := checkServer(context.Background(), svc.nc, reg); err != nil {
 			return nil, err
 		}
 	} else {
 		reg.MustRegister(natsconn.ServerInfo(svc.nc))
+		ctx, cancel := context.WithCancel(context.Background())
+		svc.failed, svc.stopCheck, svc.checkDone = make(chan error, 1), cancel, make(chan struct{})
+		go svc.checkLateServer(ctx)
 	}
 	js, err := jetstream.New(svc.nc)
 	if err != nil {
@@ -311,13 +331,32 @@ func startRouter(o routerOptions, log *slog.Logger, reg *prometheus.Registry) (_
 	return svc, nil
 }
 
-// Close stops in order: the HTTP server (requests in flight may finish until
+// checkLateServer waits for the first connection and checks its server
+// (contract §14); a refusal goes to svc.failed. It returns when ctx ends or
+// the connection closes first.
+func (svc *routerService) checkLateServer(ctx context.Context) {
+	defer close(svc.checkDone)
+	if err := natsconn.WaitConnected(ctx, svc.nc); err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, serverCheckTimeout)
+	defer cancel()
+	if err := natsconn.CheckServer(ctx, svc.nc); err != nil {
+		svc.failed <- err
+	}
+}
+
+// Close stops in order: the late server check, the HTTP server (requests in flight may finish until
 // ctx ends, then their connections are closed), the proxy's idle
 // connections, the watchers, the NATS connection. It is idempotent and
 // bounded by ctx.
 func (svc *routerService) Close(ctx context.Context) error {
 	svc.closeOnce.Do(func() {
 		var errs []error
+		if svc.stopCheck != nil {
+			svc.stopCheck()
+			<-svc.checkDone
+		}
 		// Before the HTTP server: its shutdown waits for the board's
 		// streams, which end only when the board closes.
 		if svc.board != nil {

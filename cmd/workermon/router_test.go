@@ -21,6 +21,7 @@ import (
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/kvbucket"
 	"github.com/workermon/workermon/internal/natstest"
+	"github.com/workermon/workermon/internal/syncbuf"
 	"github.com/workermon/workermon/natsconn"
 )
 
@@ -221,5 +222,73 @@ func TestRouterOptions(t *testing.T) {
 	var out, errOut strings.Builder
 	if code := run([]string{"router", "--reject-status", "500"}, &out, &errOut); code != 2 {
 		t.Errorf("bad --reject-status: exit %d (%s)", code, errOut.String())
+	}
+}
+
+// TestRouterChecksLateServer: contract §14 refuses a server without
+// JetStream with exit 1 and one line. A router starts before NATS (it fails
+// open), so the server it first reaches later, as in a pod restart or a
+// compose stack, is checked then: without JetStream the command ends with
+// ErrServerUnsupported; with it, the router runs on and becomes ready.
+func TestRouterChecksLateServer(t *testing.T) {
+	t.Parallel()
+	for _, jetStream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("jetstream=%v", jetStream), func(t *testing.T) {
+			t.Parallel()
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := ln.Addr().(*net.TCPAddr)
+			_ = ln.Close()
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			done := make(chan error, 1)
+			var stdout, stderr syncbuf.Buffer
+			go func() {
+				done <- runRouter(ctx, []string{"--nats-url", "nats://" + addr.String(), "--http-addr", "127.0.0.1:0"}, &stdout, &stderr)
+			}()
+			// The router is up, NATS not yet.
+			for deadline := time.Now().Add(10 * time.Second); !strings.Contains(stdout.String(), "workermon router:"); {
+				if time.Now().After(deadline) {
+					t.Fatalf("router not up after 10s; its log:\n%s", stderr.String())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			opts := natstest.Options(t)
+			opts.Host, opts.Port, opts.JetStream = "127.0.0.1", addr.Port, jetStream
+			natstest.Start(t, opts)
+			if !jetStream {
+				select {
+				case err := <-done:
+					if !errors.Is(err, natsconn.ErrServerUnsupported) {
+						t.Errorf("router stopped with %v, want ErrServerUnsupported", err)
+					}
+				case <-time.After(15 * time.Second):
+					t.Errorf("router still running 15s after the server without JetStream came up; its log:\n%s", stderr.String())
+				}
+				return
+			}
+			_, base, _ := strings.Cut(stdout.String(), "proxy http://")
+			base, _, _ = strings.Cut(base, ",")
+			for deadline := time.Now().Add(15 * time.Second); ; {
+				if code, _ := routerTestGet(t, "http://"+base+"/readyz"); code == http.StatusOK {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("router not ready 15s after the server came up; its log:\n%s", stderr.String())
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("router stopped with %v on a server with JetStream", err)
+			default:
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("router after Ctrl-C: %v", err)
+			}
+		})
 	}
 }
