@@ -178,6 +178,9 @@ func (c EngineConfig) rankConfigs(ranks uint32) ([]stepengine.Config, error) {
 			s.DecodePerRequest = slow(s.DecodePerRequest)
 			s.ContextPerToken = slow(s.ContextPerToken)
 		}
+		if err := s.Validate(); err != nil { // a skew may carry a value out of range
+			return nil, fmt.Errorf("sim: configure rank %d: %w: %w", i, ErrInvalidConfig, err)
+		}
 		out[i] = s
 	}
 	return out, nil

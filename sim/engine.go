@@ -94,7 +94,7 @@ func (e *engine) add(now time.Time, r *request) bool {
 	best, bestLoad := -1, 0.0
 	for i := range e.ranks {
 		rk := &e.ranks[i]
-		if r.promptTokens+r.maxTokens > rk.cfg.MaxRequestTokens() {
+		if limit := rk.cfg.MaxRequestTokens(); r.promptTokens > limit || r.maxTokens > limit-r.promptTokens {
 			continue
 		}
 		l := rk.eng.Load()

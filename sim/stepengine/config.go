@@ -21,6 +21,9 @@ const (
 	DefaultMaxNumSeqs = 256
 	// MaxBlockSize bounds Config.BlockSize.
 	MaxBlockSize = 1 << 16
+	// MaxKVBlocks bounds Config.KVBlocks (far above any GPU's cache), so
+	// that KVBlocks × BlockSize, the longest request, cannot overflow.
+	MaxKVBlocks = 1 << 32
 )
 
 // Step cost defaults (those of the demo profile): a batch-1 decode step at
@@ -88,8 +91,8 @@ func (c Config) Validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("stepengine: check %s: %s: %w", field, fmt.Sprintf(format, args...), ErrInvalidConfig))
 	}
-	if c.KVBlocks < 1 {
-		bad("KVBlocks", "%d is below 1", c.KVBlocks)
+	if c.KVBlocks < 1 || c.KVBlocks > MaxKVBlocks {
+		bad("KVBlocks", "%d is not in [1, %d]", c.KVBlocks, MaxKVBlocks)
 	}
 	if c.BlockSize < 1 || c.BlockSize > MaxBlockSize {
 		bad("BlockSize", "%d is not in [1, %d]", c.BlockSize, MaxBlockSize)

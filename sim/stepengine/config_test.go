@@ -18,6 +18,7 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"default", func(*Config) {}, nil},
 		{"no blocks", func(c *Config) { c.KVBlocks = 0 }, []string{"KVBlocks"}},
+		{"blocks past the bound", func(c *Config) { c.KVBlocks = MaxKVBlocks + 1 }, []string{"KVBlocks"}}, // KVBlocks × BlockSize overflowed
 		{"block size", func(c *Config) { c.BlockSize = MaxBlockSize + 1 }, []string{"BlockSize"}},
 		{"budget and seqs", func(c *Config) { c.MaxBatchedTokens, c.MaxNumSeqs = 0, -1 }, []string{"MaxBatchedTokens", "MaxNumSeqs"}},
 		{"step base", func(c *Config) { c.StepBase = 0 }, []string{"StepBase"}},

@@ -238,7 +238,9 @@ func (e *Engine) Config() Config { return e.cfg }
 // even alone.
 func (e *Engine) Add(now time.Time, prompt, maxTokens int) (*Request, error) {
 	prompt, maxTokens = max(1, prompt), max(1, maxTokens)
-	if limit := e.cfg.MaxRequestTokens(); prompt+maxTokens > limit {
+	// Compared without the sum, which overflows for a max_tokens near the
+	// largest int (and was then accepted, to preempt everyone for ever).
+	if limit := e.cfg.MaxRequestTokens(); prompt > limit || maxTokens > limit-prompt {
 		return nil, fmt.Errorf("stepengine: add request: %d prompt + %d max tokens exceeds %d: %w", prompt, maxTokens, limit, ErrTooLong)
 	}
 	r := &Request{prompt: prompt, maxTokens: maxTokens, state: StateWaiting, arrival: now}

@@ -2,6 +2,7 @@ package stepengine
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 )
@@ -422,6 +423,11 @@ func TestAddTooLong(t *testing.T) {
 	e := newEngine(t, cfg)
 	if _, err := e.Add(t0, 200, 58); !errors.Is(err, ErrTooLong) {
 		t.Fatalf("Add 258 tokens: %v, want ErrTooLong", err)
+	}
+	// A sum that overflows is too long too: accepted, it preempted every
+	// request of the rank, itself included, for ever.
+	if _, err := e.Add(t0, 1, math.MaxInt); !errors.Is(err, ErrTooLong) {
+		t.Fatalf("Add 1 + MaxInt tokens: %v, want ErrTooLong", err)
 	}
 	r := add(t, e, t0, 200, 57) // the 257th token is never stored
 	drain(t, e, t0, 100)
