@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -153,5 +155,26 @@ func TestContinuation(t *testing.T) {
 	cut := "prompt" + generatedText(0, 4, false)
 	if got := cut + generatedText(continuation(cut), 6, false); got != full {
 		t.Errorf("continued text %q; want %q", got, full)
+	}
+}
+
+// TestFinishedStreamIsNotCut: a stream whose request the engine finished as
+// a migrate request cut it ends as served — finish reason and [DONE] —
+// instead of cut (the select took either at random: the client lost the
+// end of an answer it had whole, and the router ran its last tokens again
+// elsewhere).
+func TestFinishedStreamIsNotCut(t *testing.T) {
+	t.Parallel()
+	w := &Worker{}
+	for range 64 {
+		req := newRequest(1, 3)
+		req.produced.Store(3)
+		close(req.done)
+		cut := make(chan struct{})
+		close(cut)
+		rec := httptest.NewRecorder()
+		if !w.stream(t.Context(), rec, job{maxTokens: 3, stream: true}, req, "cmpl-1", cut) || !strings.Contains(rec.Body.String(), "[DONE]") {
+			t.Fatalf("a finished request's stream was cut: %q", rec.Body.String())
+		}
 	}
 }

@@ -195,7 +195,7 @@ func (w *Worker) generate(rw http.ResponseWriter, r *http.Request, j job) {
 		var cut <-chan struct{}
 		if markedMigratable(r) {
 			var done func()
-			cut, done = w.registerCuttable()
+			cut, done = w.registerCuttable(req)
 			defer done()
 		}
 		finished = w.stream(ctx, rw, j, req, id, cut)
@@ -261,7 +261,12 @@ func (w *Worker) stream(ctx context.Context, rw http.ResponseWriter, j job, req 
 		case <-w.stopped:
 			return false
 		case <-cut:
-			return false
+			select {
+			case <-req.done: // finished as it was cut: the stream ends as served
+				done = true
+			default:
+				return false
+			}
 		}
 		if !done {
 			select {

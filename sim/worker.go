@@ -64,10 +64,10 @@ type Worker struct {
 	down     bool
 	handlers sync.WaitGroup
 
-	// The cut channels of the running streams a migrate request may cut,
-	// oldest first; closing one cuts its stream.
+	// The streams a migrate request may cut, oldest first; closing one's
+	// channel cuts it.
 	cutMu     sync.Mutex
-	cuttables []chan struct{}
+	cuttables []cuttable
 
 	// life serializes Mute, Unmute, Kill and Close.
 	life     sync.Mutex
