@@ -51,6 +51,12 @@ type Board struct {
 	latest atomic.Pointer[frame]
 	wake   chan struct{} // capacity 1: a client joined, read the source now
 
+	// The snapshot GET /board/snapshot answers: read from the source at
+	// most once an Interval, the requests meanwhile sharing it.
+	snapMu   sync.Mutex
+	snapData []byte
+	snapAt   time.Time
+
 	mu      sync.Mutex
 	clients map[*client]struct{}
 	closed  bool
@@ -326,8 +332,9 @@ func (b *Board) serveEvents(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// serveSnapshot answers the current snapshot as JSON, read from the source
-// now.
+// serveSnapshot answers the current snapshot as JSON: read from the source
+// now, or less than an Interval ago (the source is the monitor's loop: a
+// script polling this endpoint must not read it for every request).
 func (b *Board) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 	select {
 	case <-b.stopping:
@@ -335,7 +342,7 @@ func (b *Board) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	default:
 	}
-	data, err := b.read(r.Context())
+	data, err := b.snapshot(r.Context())
 	if data == nil {
 		writeError(w, http.StatusServiceUnavailable, "board: "+err.Error())
 		return
@@ -344,6 +351,21 @@ func (b *Board) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	_, _ = w.Write(append(data, '\n'))
+}
+
+// snapshot returns the snapshot's JSON for GET /board/snapshot: the one
+// read less than an Interval ago, else one read now (read's results).
+func (b *Board) snapshot(ctx context.Context) ([]byte, error) {
+	b.snapMu.Lock()
+	defer b.snapMu.Unlock()
+	if b.snapData != nil && time.Since(b.snapAt) < b.cfg.Interval {
+		return b.snapData, nil
+	}
+	data, err := b.read(ctx)
+	if data != nil && err == nil {
+		b.snapData, b.snapAt = data, time.Now()
+	}
+	return data, err
 }
 
 // errorJSON is {"error": msg}.

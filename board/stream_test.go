@@ -501,3 +501,40 @@ func TestConfigValidate(t *testing.T) {
 		})
 	}
 }
+
+// TestSnapshotEndpointReadsOncePerInterval: GET /board/snapshot reads the
+// source (the monitor's loop) at most once an Interval, however many ask;
+// it read it for every request (200 requests, 200 reads), and after the
+// Interval it reads the source again.
+func TestSnapshotEndpointReadsOncePerInterval(t *testing.T) {
+	t.Parallel()
+	src := &fakeSource{}
+	cfg := DefaultConfig()
+	cfg.Source, cfg.Interval = src, 200*time.Millisecond
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	get := func() string {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		b.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/board/snapshot", nil))
+		if rec.Code != http.StatusOK {
+			t.Fatalf("status %d", rec.Code)
+		}
+		return rec.Body.String()
+	}
+	start := time.Now()
+	for range 200 {
+		get()
+	}
+	if n := src.readCount(); n != 1 && time.Since(start) < cfg.Interval {
+		t.Errorf("200 requests within one interval read the source %d times, want once", n)
+	}
+	src.set(1)
+	time.Sleep(cfg.Interval)
+	if body := get(); !strings.Contains(body, `"name":"v1"`) {
+		t.Errorf("after the interval: %s, want the source read again (v1)", body)
+	}
+}
