@@ -50,7 +50,8 @@ var (
 // two rows at a time fit on 2 cores and halve the run.
 const DefaultParallel = 2
 
-// CapacityTolerance is the bisection's precision: capacity ± 5 %.
+// CapacityTolerance is the bisection's precision: the capacity found is
+// at most 5 % below the true one.
 const CapacityTolerance = 0.05
 
 // CapacityGoodFraction is the share of good requests a rate must keep to
@@ -629,8 +630,15 @@ func (g *goodput) capacity(ctx context.Context) (float64, error) {
 	}
 	// A first guess from the profile's closed-loop figure (docs/sim.md):
 	// about 2.5 chat requests/s a worker.
+	return bisect(trial, 2.5*GoodputWorkers)
+}
+
+// bisect finds, from a first guess r, the highest rate at which trial
+// holds, to CapacityTolerance: it brackets the rate (× 1.5 or ÷ 1.5) and
+// halves the bracket until hi ≤ (1 + CapacityTolerance) × lo, and returns
+// lo, the highest rate found to hold, within 5 % below the true one.
+func bisect(trial func(rate float64) (bool, error), r float64) (float64, error) {
 	lo, hi := 0.0, 0.0
-	r := 2.5 * GoodputWorkers
 	for lo == 0 || hi == 0 {
 		ok, err := trial(r)
 		if err != nil {
@@ -648,7 +656,7 @@ func (g *goodput) capacity(ctx context.Context) (float64, error) {
 			return 0, errors.New("bench: goodput: over 1000 requests/s keep 99 % of the requests good: the engines are not saturating")
 		}
 	}
-	for hi/lo > 1+2*CapacityTolerance {
+	for hi/lo > 1+CapacityTolerance {
 		mid := (lo + hi) / 2
 		ok, err := trial(mid)
 		if err != nil {

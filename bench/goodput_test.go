@@ -214,3 +214,25 @@ func TestReportHTML(t *testing.T) {
 		t.Error("the page does not give the queue and slo policies' settings")
 	}
 }
+
+// TestBisect: the capacity found is within CapacityTolerance below the
+// true one, and never above it (the loop stopped at a bracket of 10 % and
+// took its low end: up to 9 % low), from a first guess on either side.
+func TestBisect(t *testing.T) {
+	t.Parallel()
+	for _, truth := range []float64{0.7, 3, 9.99, 10, 10.01, 12.5, 31, 200} {
+		for _, guess := range []float64{1, 10, 100} {
+			trials := 0
+			got, err := bisect(func(rate float64) (bool, error) { trials++; return rate <= truth, nil }, guess)
+			if err != nil {
+				t.Fatalf("truth %v, guess %v: %v", truth, guess, err)
+			}
+			if got > truth || got < truth/(1+CapacityTolerance) {
+				t.Errorf("truth %v, guess %v: found %v after %d trials, want within %v %% below", truth, guess, got, trials, 100*CapacityTolerance)
+			}
+		}
+	}
+	if _, err := bisect(func(float64) (bool, error) { return false, nil }, 10); err == nil {
+		t.Error("no rate holds: want an error")
+	}
+}
