@@ -85,6 +85,11 @@ func (m *Monitor) Thresholds(ctx context.Context) (map[string]events.Thresholds,
 		for name := range s.overrides {
 			out[name] = s.thresholdsOf(name)
 		}
+		// The models tracked too: seen stops growing at maxSeenModels,
+		// and a model tracked after it was full is known all the same.
+		for name := range s.models {
+			out[name] = s.thresholdsOf(name)
+		}
 	})
 	return out, err
 }

@@ -39,10 +39,14 @@ func parse(line string) (Sample, error) {
 		if err != nil {
 			return Sample{}, errors.Join(errors.New("hostcpu: /proc/stat"), err)
 		}
-		s.Total += v
-		if i != 3 && i != 4 { // idle, iowait
+		switch i {
+		case 8, 9: // guest, guest_nice: counted in user and nice already (proc(5))
+			continue
+		case 3, 4: // idle, iowait
+		default:
 			s.Busy += v
 		}
+		s.Total += v
 	}
 	return s, nil
 }

@@ -40,3 +40,21 @@ func TestRead(t *testing.T) {
 		t.Fatalf("Read = %+v, %v", s, err)
 	}
 }
+
+// TestGuestTicksCountedOnce: guest and guest_nice (fields 9 and 10 of the
+// cpu line) are counted in user and nice already; summed again, a host
+// running guests read busier than it was.
+func TestGuestTicksCountedOnce(t *testing.T) {
+	t.Parallel()
+	s0, err := parse("cpu  0 0 0 0 0 0 0 0 0 0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1, err := parse("cpu  100 0 0 100 0 0 0 0 50 0") // user 100 (50 of it guest), idle 100
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s0.BusyPct(s1); got != 50 {
+		t.Errorf("BusyPct = %.1f %%, want 50 (Busy %d, Total %d)", got, s1.Busy, s1.Total)
+	}
+}
