@@ -199,6 +199,10 @@ type Watcher struct {
 	// rest of Decide). Off with WithClock, whose clock Decide then reads.
 	timed bool
 	loop  *kvwatch.Loop
+	// replaced is the published map a full re-watch (Reset) is replacing:
+	// its entries' timers stop when the new map is published, not before,
+	// since routers read it until then. The loop's goroutine only.
+	replaced map[string]*busyEntry
 }
 
 // busyEntry is one model's record as the router keeps it.
@@ -278,6 +282,12 @@ func (w *Watcher) WaitReady(ctx context.Context) error {
 // answering from it (records turn stale as time passes).
 func (w *Watcher) Close() error {
 	w.loop.Close()
+	// The loop has returned: stop every staleness timer.
+	for _, m := range []map[string]*busyEntry{w.state.Load(), w.state.View(), w.replaced} {
+		for _, e := range m {
+			e.stop()
+		}
+	}
 	return nil
 }
 
@@ -315,9 +325,37 @@ var (
 	_ kvwatch.Sweeper = (*watcherSink)(nil)
 )
 
-func (w *watcherSink) Reset() { w.state.Reset() }
+// Reset starts a full re-watch. The entries of a pending map that was
+// never published are dropped now (their timers stopped); those of the
+// published map when it is replaced (Publish).
+func (w *watcherSink) Reset() {
+	pub := w.state.Load()
+	for model, e := range w.state.View() {
+		if pub[model] != e {
+			e.stop()
+		}
+	}
+	if w.replaced == nil {
+		w.replaced = pub
+	}
+	w.state.Reset()
+}
 
-func (w *watcherSink) Publish() int { return w.state.Publish() }
+// Publish makes the pending changes the routers' snapshot; after a full
+// re-watch it stops the timers of the entries it replaced.
+func (w *watcherSink) Publish() int {
+	n := w.state.Publish()
+	if w.replaced != nil {
+		cur := w.state.Load()
+		for model, e := range w.replaced {
+			if cur[model] != e {
+				e.stop()
+			}
+		}
+		w.replaced = nil
+	}
+	return n
+}
 
 func (w *watcherSink) Apply(e jetstream.KeyValueEntry, now time.Time) error {
 	model, err := events.ParseModelKey(e.Key())

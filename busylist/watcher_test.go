@@ -696,3 +696,66 @@ func TestDecideTimedStaleness(t *testing.T) {
 		t.Fatalf("stale %v after its updated_at, before the %v stale-list-after", el, staleAfter)
 	}
 }
+
+// putEntry is a put of the busy bucket, for driving the watcher's sink.
+type putEntry struct {
+	key string
+	val []byte
+	rev uint64
+}
+
+func (e putEntry) Bucket() string                  { return events.BusyBucket }
+func (e putEntry) Key() string                     { return e.key }
+func (e putEntry) Value() []byte                   { return e.val }
+func (e putEntry) Revision() uint64                { return e.rev }
+func (e putEntry) Created() time.Time              { return time.Time{} }
+func (e putEntry) Delta() uint64                   { return 0 }
+func (e putEntry) Operation() jetstream.KeyValueOp { return jetstream.KeyValuePut }
+
+// TestFullRewatchStopsReplacedTimers: a full re-watch replaces the whole
+// snapshot; the staleness timers of the entries it replaced stop when the
+// new snapshot is published — not before, as routers read the old one
+// until then — and those of a pending map never published stop when the
+// next re-watch drops it. They were left armed, one per model and
+// re-watch.
+func TestFullRewatchStopsReplacedTimers(t *testing.T) {
+	t.Parallel()
+	w := &Watcher{now: time.Now, timed: true}
+	w.policy.StaleAfter = time.Hour
+	s := (*watcherSink)(w)
+	const model = "Qwen/Qwen3-0.6B"
+	put := func(rev uint64) {
+		t.Helper()
+		rec := watchTestSet(model, time.Now().UnixNano(), []uint64{1}, []uint64{2})
+		b, err := events.MarshalBusySet(&rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Apply(putEntry{key: events.ModelKey(model), val: b, rev: rev}, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	armed := func(e *busyEntry) bool { // Reset reports whether it was armed, and re-arms it
+		return e.timer.Reset(time.Hour)
+	}
+	s.Reset()
+	put(1)
+	s.Publish()
+	first := w.state.Load()[model]
+
+	s.Reset() // a re-watch that ends before its initial values
+	put(2)
+	aborted := w.state.View()[model]
+	if !armed(first) {
+		t.Error("the published entry's timer stopped before its snapshot was replaced")
+	}
+	s.Reset() // the next one
+	put(3)
+	if armed(aborted) {
+		t.Error("the timer of an entry never published is still armed after the re-watch dropped it")
+	}
+	s.Publish()
+	if armed(first) {
+		t.Error("the replaced entry's timer is still armed after the new snapshot was published")
+	}
+}
