@@ -23,6 +23,10 @@ import (
 // readHeaderTimeout bounds the reading of a request's headers.
 const readHeaderTimeout = 10 * time.Second
 
+// idleTimeout is how long an idle client connection is kept (a router's
+// pool keeps its own for 90 s): without it one was kept for ever.
+const idleTimeout = 2 * time.Minute
+
 // detachTimeout bounds closing a publisher whose connection is already
 // closed; nothing goes out, so it returns at once in practice.
 const detachTimeout = 2 * time.Second
@@ -140,6 +144,7 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger *slog.Logger) (*Wor
 		// a stream lives as long as it writes (httplimit).
 		Handler:           httplimit.Handler(w.routes(), httplimit.DefaultLimits()),
 		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 	}
 	w.wg.Add(2)
