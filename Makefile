@@ -15,8 +15,17 @@ build: ## build bin/workermon
 vet: ## go vet
 	$(GO) vet $(PKGS)
 
-test: vet ## vet, then every unit and in-process test with the race detector
-	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+# The race detector needs cgo, so a C compiler: without one (go env
+# CGO_ENABLED says 0) the tests run without it and say so. CI requires it
+# (REQUIRE_RACE=1, .ci/run).
+RACE := $(if $(filter 1,$(shell $(GO) env CGO_ENABLED)),-race,)
+
+test: vet ## vet, then every unit and in-process test with the race detector (when a C compiler is there)
+	@if [ -z "$(RACE)" ]; then \
+		if [ -n "$(REQUIRE_RACE)" ]; then echo "make test: the race detector needs cgo and a C compiler (go env CGO_ENABLED is 0)" >&2; exit 1; fi; \
+		echo "make test: cgo is off (go env CGO_ENABLED is 0: no C compiler?): running WITHOUT the race detector (apt-get install gcc to have it)" >&2; \
+	fi
+	$(GO) test $(RACE) -count=1 -timeout 15m $(PKGS)
 
 fuzz: ## run each fuzz target for FUZZTIME
 	@for t in events:FuzzDecodeLoadReport events:FuzzDecodeGoodbye events:FuzzDecodeBusySet events:FuzzModelKey \
