@@ -674,7 +674,51 @@ func TestNATSMappings(t *testing.T) {
 			if !strings.Contains(conf, "store_dir: /data") {
 				t.Errorf("JetStream store is not /data, the claim:\n%s", conf)
 			}
+			// The monitors and the routers (their estimates and latency
+			// windows) on the same prefix as the mappings: the routers
+			// had none, and published on workermon.* whatever the prefix.
+			for _, comp := range []string{"monitor", "router"} {
+				d, _ := r.find("Deployment", releaseName+"-workermon-"+comp).(*appsv1.Deployment)
+				if d == nil {
+					t.Fatalf("no %s Deployment", comp)
+				}
+				if args := d.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--subject-prefix="+prefix) {
+					t.Errorf("%s args %q lack --subject-prefix=%s", comp, args, prefix)
+				}
+			}
+			if errs := checkContainers(t, r); len(errs) > 0 {
+				t.Errorf("--check: %v", errs)
+			}
 		})
+	}
+}
+
+// TestPrefillThresholdRefused: a prefill threshold that is not a whole
+// number of tokens is refused — by the render for a number, by the
+// monitor's --check for a string — as docs/kubernetes.md promises. The
+// chart turned any string into int64 0 (busy at the first prefill token,
+// §5), which --check accepted.
+func TestPrefillThresholdRefused(t *testing.T) {
+	for _, v := range []any{"1.5", "1e6", "512k", 1.5} {
+		t.Run(fmt.Sprint(v), func(t *testing.T) {
+			r, err := render(t, chartDir, readValues(t, "", map[string]any{"monitor.thresholds.activePrefillTokens": v}))
+			if err != nil {
+				return // refused at render
+			}
+			if errs := checkContainers(t, r); len(errs) > 0 {
+				return // refused by --check
+			}
+			d, _ := r.find("Deployment", releaseName+"-workermon-monitor").(*appsv1.Deployment)
+			t.Errorf("activePrefillTokens %q accepted; the monitor runs with %q", v, d.Spec.Template.Spec.Containers[0].Args)
+		})
+	}
+	r, err := render(t, chartDir, readValues(t, "", map[string]any{"monitor.thresholds.activePrefillTokens": 1048576}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _ := r.find("Deployment", releaseName+"-workermon-monitor").(*appsv1.Deployment)
+	if args := d.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--active-prefill-tokens-threshold=1048576") {
+		t.Errorf("a whole number renders %q", args)
 	}
 }
 
