@@ -883,3 +883,47 @@ func TestSchema(t *testing.T) {
 		})
 	}
 }
+
+// TestLongReleaseName: with the longest release name Helm takes (53
+// characters), every Service is a DNS label and the NATS StatefulSet's
+// name leaves room for its pods' controller-revision-hash label (the full
+// name was cut at 50: a 41-character release made a 64-character Service
+// and a NATS cluster that never formed).
+func TestLongReleaseName(t *testing.T) {
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := action.NewInstall(&action.Configuration{})
+	inst.DryRun, inst.ClientOnly, inst.Replace = true, true, true
+	inst.ReleaseName, inst.Namespace = strings.Repeat("r", 53), namespace
+	rel, err := inst.Run(ch, map[string]any{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dns := regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?$`)
+	for _, m := range releaseutil.SplitManifests(rel.Manifest) {
+		o, err := decodeStrict(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case o.kind == "Service" && (len(o.name) > 63 || !dns.MatchString(o.name)):
+			t.Errorf("Service %q (%d characters) is not a DNS label", o.name, len(o.name))
+		case o.kind == "StatefulSet" && len(o.name) > 52:
+			t.Errorf("StatefulSet %q has %d characters: its pods' controller-revision-hash label passes 63", o.name, len(o.name))
+		}
+	}
+}
+
+// TestBucketReplicasFitNATS: buckets of more replicas than the chart's NATS
+// nodes could never be created (the monitors and routers would crash-loop):
+// the render refuses it.
+func TestBucketReplicasFitNATS(t *testing.T) {
+	if _, err := render(t, chartDir, readValues(t, "", map[string]any{"nats.replicas": 1})); err == nil || !strings.Contains(err.Error(), "bucketReplicas") {
+		t.Errorf("nats.replicas 1 with buckets of 3 replicas: %v, want refused", err)
+	}
+	if _, err := render(t, chartDir, readValues(t, "", map[string]any{"nats.replicas": 1, "monitor.bucketReplicas": 1, "router.bucketReplicas": 1})); err != nil {
+		t.Errorf("one node, one replica: %v", err)
+	}
+}

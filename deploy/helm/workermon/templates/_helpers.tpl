@@ -3,11 +3,15 @@
 {{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{- /* At most 47 characters: the longest names built on it are the NATS
+StatefulSet's, <fullname>-nats, whose pods' controller-revision-hash label
+(name + 11) must fit 63, and its headless Service's, <fullname>-nats-headless,
+a DNS label of at most 63. */}}
 {{- define "workermon.fullname" -}}
 {{- if contains .Chart.Name .Release.Name -}}
-{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- .Release.Name | trunc 47 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 47 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
 
