@@ -927,3 +927,22 @@ func TestBucketReplicasFitNATS(t *testing.T) {
 		t.Errorf("one node, one replica: %v", err)
 	}
 }
+
+// TestNATSRollWaitsForJetStream: a NATS node counts as started only once
+// its JetStream is current (the full /healthz), so that a rolling update
+// takes the next node down only when the buckets have their copies on this
+// one again; it started on js-enabled-only, before catching up.
+func TestNATSRollWaitsForJetStream(t *testing.T) {
+	r, err := render(t, chartDir, readValues(t, "", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss, _ := r.find("StatefulSet", releaseName+"-workermon-nats").(*appsv1.StatefulSet)
+	if ss == nil {
+		t.Fatal("no NATS StatefulSet")
+	}
+	p := ss.Spec.Template.Spec.Containers[0].StartupProbe
+	if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" {
+		t.Errorf("NATS startup probe %+v: want GET /healthz", p)
+	}
+}
