@@ -946,3 +946,19 @@ func TestNATSRollWaitsForJetStream(t *testing.T) {
 		t.Errorf("NATS startup probe %+v: want GET /healthz", p)
 	}
 }
+
+// TestTLSCertNeedsKey: a client certificate without its key (or a key
+// without its certificate) is refused at render; it was dropped without a
+// word, and a server that requires mutual TLS then failed the handshake.
+func TestTLSCertNeedsKey(t *testing.T) {
+	for _, tls := range []map[string]any{{"certKey": "tls.crt"}, {"keyKey": "tls.key"}} {
+		vals := map[string]any{"nats.enabled": false, "nats.external.url": "tls://nats.example:4222",
+			"nats.external.tls.secretName": "nats-client-tls"}
+		for k, v := range tls {
+			vals["nats.external.tls."+k] = v
+		}
+		if _, err := render(t, chartDir, readValues(t, "", vals)); err == nil || !strings.Contains(err.Error(), "certKey and keyKey") {
+			t.Errorf("%v: %v, want refused", tls, err)
+		}
+	}
+}

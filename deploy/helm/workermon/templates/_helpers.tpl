@@ -70,6 +70,8 @@ password and token come as environment variables (workermon.natsEnv).
 {{- if and $ext.tls.certKey $ext.tls.keyKey }}
 - --nats-tls-cert={{ $dir }}/tls/{{ $ext.tls.certKey }}
 - --nats-tls-key={{ $dir }}/tls/{{ $ext.tls.keyKey }}
+{{- else if or $ext.tls.certKey $ext.tls.keyKey }}
+{{- fail "nats.external.tls: certKey and keyKey go together (a client certificate needs its key)" }}
 {{- end }}
 {{- end }}
 {{- end }}
