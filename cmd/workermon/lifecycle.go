@@ -53,6 +53,21 @@ func parseCommand(name string, args []string, stderr io.Writer, aliases map[stri
 	return log, check, err
 }
 
+// serveUntil waits until ctx ends or the service fails (a value on failed),
+// then closes it: on a failure it returns the failure with what closing
+// returned.
+func serveUntil(ctx context.Context, log *slog.Logger, failed <-chan error, close func(context.Context) error) error {
+	select {
+	case <-ctx.Done():
+	case err := <-failed:
+		log.Error("stopping", "err", err)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultShutdownTimeout)
+		defer cancel()
+		return errors.Join(err, close(cctx))
+	}
+	return closeWhenDone(ctx, log, "shutting down", close)
+}
+
 // closeWhenDone waits until ctx ends (Ctrl-C, SIGTERM), logs msg, and then
 // closes what the command runs, within DefaultShutdownTimeout.
 func closeWhenDone(ctx context.Context, log *slog.Logger, msg string, close func(context.Context) error) error {

@@ -196,15 +196,7 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	fmt.Fprintf(stdout, "workermon router: NATS %s, proxy http://%s, board http://%s/\n", svc.natsURL, svc.httpAddr, svc.httpAddr)
-	select {
-	case <-ctx.Done():
-	case err := <-svc.failed:
-		log.Error("stopping", "err", err)
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultShutdownTimeout)
-		defer cancel()
-		return errors.Join(err, svc.Close(cctx))
-	}
-	return closeWhenDone(ctx, log, "shutting down", svc.Close)
+	return serveUntil(ctx, log, svc.failed, svc.Close)
 }
 
 // routerService is a running router: the NATS connection, the busy-list and

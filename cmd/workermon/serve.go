@@ -191,13 +191,5 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	fmt.Fprintf(stdout, "workermon monitor: NATS %s, API http://%s, board http://%s/\n", svc.natsURL, svc.httpAddr, svc.httpAddr)
-	select {
-	case <-ctx.Done():
-	case err := <-svc.failed:
-		log.Error("stopping", "err", err)
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultShutdownTimeout)
-		defer cancel()
-		return errors.Join(err, svc.Close(cctx))
-	}
-	return closeWhenDone(ctx, log, "shutting down", svc.Close)
+	return serveUntil(ctx, log, svc.failed, svc.Close)
 }
