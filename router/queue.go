@@ -686,15 +686,11 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 		// Its wait of 0 ran out at once, behind the queue it may not
 		// overtake.
 		q.metrics.wait[ex.class][queueExpired].Observe(0)
-		rt.admission.Observe(ex.model, rejected(d))
-		rt.latency.reject(ex.model)
-		ex.queueReject(0, expiredMessage(0, ex.model))
+		ex.queueReject(d, 0, expiredMessage(0, ex.model))
 		return nil, false
 	case errors.Is(err, errQueueFull):
 		q.metrics.wait[ex.class][queueEvicted].Observe(0)
-		rt.admission.Observe(ex.model, rejected(d))
-		rt.latency.reject(ex.model)
-		ex.queueReject(time.Since(start), fmt.Sprintf("The queue for model %.256q is full, please retry later", ex.model))
+		ex.queueReject(d, time.Since(start), fullMessage(ex.model))
 		return nil, false
 	}
 	rt.latency.queue(ex.model)
@@ -715,9 +711,7 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 		if mq.remove(w) {
 			waited := time.Since(start)
 			q.metrics.wait[ex.class][queueExpired].Observe(waited.Seconds())
-			rt.admission.Observe(ex.model, rejected(d))
-			rt.latency.reject(ex.model)
-			ex.queueReject(waited, expiredMessage(waited, ex.model))
+			ex.queueReject(d, waited, expiredMessage(waited, ex.model))
 			return nil, false
 		}
 		v = <-w.done
@@ -733,10 +727,8 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 		ex.decision, ex.registered = v.d, rt.cfg.Registry.Endpoints(ex.model)
 		ex.preferred = &v.worker
 		return v.cands, true
-	case verdictEvicted:
-		rt.admission.Observe(ex.model, rejected(d))
-		rt.latency.reject(ex.model)
-		ex.queueReject(waited, fmt.Sprintf("The queue for model %.256q is full, please retry later", ex.model))
+	case verdictEvicted: // counted by the request that pushed it out
+		ex.queueReject(d, waited, fullMessage(ex.model))
 		return nil, false
 	}
 	return ex.decideAgain()
@@ -748,9 +740,18 @@ func expiredMessage(waited time.Duration, model string) string {
 		waited.Milliseconds(), model)
 }
 
-// queueReject answers a request that leaves the queue without dispatch:
-// the shed status, Retry-After, X-Workermon-Queued and the error body.
-func (ex *exchange) queueReject(waited time.Duration, msg string) {
+// fullMessage is the message of a request a full queue turned away.
+func fullMessage(model string) string {
+	return fmt.Sprintf("The queue for model %.256q is full, please retry later", model)
+}
+
+// queueReject answers a request that leaves the queue without dispatch,
+// after waited: counted as a rejection of d (the decision it queued on), in
+// the latency windows' rejections too, and answered with the shed status,
+// Retry-After, X-Workermon-Queued and the error body.
+func (ex *exchange) queueReject(d admission.Decision, waited time.Duration, msg string) {
+	ex.rt.admission.Observe(ex.model, rejected(d))
+	ex.rt.latency.reject(ex.model)
 	h := ex.w.Header()
 	h.Set(QueuedHeader, strconv.FormatInt(waited.Milliseconds(), 10))
 	h.Set("Retry-After", ex.rt.retryAfter)
