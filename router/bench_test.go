@@ -3,9 +3,11 @@ package router
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -130,6 +132,25 @@ func BenchmarkQueueHotPath(b *testing.B) {
 			for b.Loop() {
 				if !f() {
 					b.Fatal("would wait")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkRequestModel: reading the model of a request body, a chat
+// request of 1 KB and one of 1 MB (a long conversation): a full parse that
+// validates the JSON, then the scan for the last top-level "model".
+func BenchmarkRequestModel(b *testing.B) {
+	for _, size := range []int{1 << 10, 1 << 20} {
+		msg := strings.Repeat("lorem ipsum ", size/12)
+		body := []byte(`{"messages":[{"role":"user","content":"` + msg + `"}],"max_tokens":64,"stream":true,"model":"Qwen/Qwen3-0.6B"}`)
+		b.Run(fmt.Sprintf("%dKB", size>>10), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if m, msg := requestModel(body); m != "Qwen/Qwen3-0.6B" {
+					b.Fatal(msg)
 				}
 			}
 		})
