@@ -437,17 +437,6 @@ func (r *writerRun) put(ctx context.Context, key string, data []byte, del bool, 
 	return ack.Sequence, nil
 }
 
-// get reads a key; nil when it has no record.
-func (r *writerRun) get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
-	octx, cancel := context.WithTimeout(ctx, r.w.cfg.WriteTimeout)
-	defer cancel()
-	e, err := r.kv.Get(octx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, nil
-	}
-	return e, err
-}
-
 // lose gives up partition p, held (or about to be) under epoch, after
 // finding a record with an epoch above it. It may run on a conflict's
 // goroutine: a partition held since under another epoch is left alone.

@@ -26,14 +26,6 @@ type message struct {
 	bye     *events.Goodbye
 }
 
-// seq returns the seq of the report or goodbye.
-func (m message) seq() uint64 {
-	if m.report != nil {
-		return m.report.Seq
-	}
-	return m.bye.Seq
-}
-
 // inbox subscribes to everything under a prefix.
 type inbox struct {
 	prefix string
