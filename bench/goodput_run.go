@@ -92,11 +92,13 @@ func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers i
 	lc.Stream, lc.Arrivals, lc.Seed, lc.SLO, lc.Timeout = true, loadgen.ArrivalsPoisson, seed, g.slo, timeout
 	lc.CancelFraction, lc.Concurrency = 0, 4096
 	lc.WorkloadAt = shape.workload
-	lc.RateFunc = func(t time.Duration) float64 {
-		if t >= shape.length {
-			return 0 // arrivals end; the requests in flight finish
-		}
-		return shape.rate(t)
+	lc.RateFunc = shape.rate
+	// The arrivals end after the scenario; the requests in flight that can
+	// still be good finish (loadgen's drain), within the client's timeout
+	// and a second, or MaxDrain: those cut count as not good.
+	lc.Duration, lc.MaxDrain = shape.length, timeout+time.Second
+	if g.cfg.MaxDrain > 0 {
+		lc.MaxDrain = g.cfg.MaxDrain
 	}
 	var mu sync.Mutex
 	var samples []loadgen.Sample
@@ -123,59 +125,23 @@ func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers i
 	}
 	p0 := preempted()
 	cpu0, _ := hostcpu.Read() // zero where unknown: the row's CPU figure is then 0
-	lctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- gen.Run(lctx) }()
-	end := time.After(shape.length)
+	// The row's CPU figure is over the load, not its drain.
+	cpuEnd := make(chan hostcpu.Sample, 1)
+	atEnd := time.AfterFunc(shape.length, func() { c, _ := hostcpu.Read(); cpuEnd <- c })
+	defer atEnd.Stop()
+	tStart := time.Now()
+	if err := gen.Run(ctx); err != nil {
+		return nil, st, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, st, err
+	}
+	st.drain = max(0, time.Since(tStart)-shape.length)
 	var cpu1 hostcpu.Sample
-	drained := false
-	for !drained {
-		select {
-		case <-end:
-			cpu1, _ = hostcpu.Read()
-			end = nil
-			tEnd := time.Now()
-			defer func() { st.drain = time.Since(tEnd) }()
-			// The drain: the last requests end within the timeout, but
-			// the wait stops once none in flight can still be good (no
-			// first token within the TTFT target, or past the time its
-			// TPOT allows): those count as not good whatever comes later,
-			// and since every request that could be good has ended,
-			// cancelling the others changes no one's outcome.
-			go func() {
-				drain := timeout + time.Second
-				if g.cfg.MaxDrain > 0 {
-					drain = g.cfg.MaxDrain
-				}
-				t := time.NewTimer(drain)
-				defer t.Stop()
-				tick := time.NewTicker(50 * time.Millisecond)
-				defer tick.Stop()
-				for {
-					select {
-					case <-tick.C:
-						if gen.Hopeful(time.Now()) == 0 {
-							cancel()
-							return
-						}
-					case <-t.C:
-						cancel()
-						return
-					case <-lctx.Done():
-						return
-					}
-				}
-			}()
-		case err := <-done:
-			if err != nil {
-				return nil, st, err
-			}
-			drained = true
-		case <-ctx.Done():
-			<-done
-			return nil, st, ctx.Err()
-		}
+	select {
+	case cpu1 = <-cpuEnd:
+	default: // the load ended early
+		cpu1, _ = hostcpu.Read()
 	}
 	st.preemptions = preempted() - p0
 	st.cpuPct = cpu0.BusyPct(cpu1)

@@ -163,12 +163,14 @@ type Config struct {
 	Timeout time.Duration
 	// Duration, when positive, is how long Run offers load; then it waits
 	// for the requests in flight that can still be good (Generator.Hopeful)
-	// for at most Timeout, cancels the rest, and returns. Rates are taken
+	// for at most MaxDrain (0: Timeout), cancels the rest, and returns. Rates are taken
 	// over Duration: goodput is the good requests that arrived in it, over
 	// it (contract §16), so a request cut at the end does not count against
 	// a server that would have served it well. 0: offer until Run's
 	// context ends, which cancels the requests in flight.
 	Duration time.Duration
+	// MaxDrain bounds that wait (0: Timeout).
+	MaxDrain time.Duration
 
 	// CancelFraction is the fraction of requests, in [0, 1], that the
 	// client cancels mid-way: a streamed one after half its max_tokens
@@ -316,6 +318,9 @@ func (c Config) Validate() error {
 	}
 	if c.Duration < 0 {
 		bad("Duration", "%v is negative", c.Duration)
+	}
+	if c.MaxDrain < 0 {
+		bad("MaxDrain", "%v is negative", c.MaxDrain)
 	}
 	if c.Timeout <= 0 {
 		bad("Timeout", "%v is not positive", c.Timeout)

@@ -26,6 +26,7 @@
 package loadgen
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -213,9 +214,10 @@ func (g *Generator) Run(ctx context.Context) error {
 }
 
 // drain waits, once the load has stopped, until no request in flight can
-// still be good, for at most Config.Timeout, or until ctx ends.
+// still be good, for at most Config.MaxDrain (0: Timeout), or until ctx
+// ends.
 func (g *Generator) drain(ctx context.Context) {
-	limit := time.NewTimer(g.cfg.Timeout)
+	limit := time.NewTimer(cmp.Or(g.cfg.MaxDrain, g.cfg.Timeout))
 	defer limit.Stop()
 	poll := time.NewTicker(drainPoll)
 	defer poll.Stop()
