@@ -138,13 +138,19 @@ type object struct {
 // would, without a cluster, and decodes every object strictly.
 func render(t *testing.T, dir string, vals map[string]any) (rendered, error) {
 	t.Helper()
+	return renderAs(t, dir, releaseName, vals)
+}
+
+// renderAs is render under another release name.
+func renderAs(t *testing.T, dir, release string, vals map[string]any) (rendered, error) {
+	t.Helper()
 	ch, err := loader.Load(dir)
 	if err != nil {
 		return rendered{}, err
 	}
 	inst := action.NewInstall(&action.Configuration{})
 	inst.DryRun, inst.ClientOnly, inst.Replace = true, true, true
-	inst.ReleaseName, inst.Namespace = releaseName, namespace
+	inst.ReleaseName, inst.Namespace = release, namespace
 	rel, err := inst.Run(ch, vals)
 	if err != nil {
 		return rendered{}, fmt.Errorf("render: %w", err)
@@ -890,23 +896,12 @@ func TestSchema(t *testing.T) {
 // name was cut at 50: a 41-character release made a 64-character Service
 // and a NATS cluster that never formed).
 func TestLongReleaseName(t *testing.T) {
-	ch, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inst := action.NewInstall(&action.Configuration{})
-	inst.DryRun, inst.ClientOnly, inst.Replace = true, true, true
-	inst.ReleaseName, inst.Namespace = strings.Repeat("r", 53), namespace
-	rel, err := inst.Run(ch, map[string]any{})
+	r, err := renderAs(t, chartDir, strings.Repeat("r", 53), readValues(t, "", nil))
 	if err != nil {
 		t.Fatal(err)
 	}
 	dns := regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?$`)
-	for _, m := range releaseutil.SplitManifests(rel.Manifest) {
-		o, err := decodeStrict(m)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, o := range r.objects {
 		switch {
 		case o.kind == "Service" && (len(o.name) > 63 || !dns.MatchString(o.name)):
 			t.Errorf("Service %q (%d characters) is not a DNS label", o.name, len(o.name))
