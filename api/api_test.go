@@ -385,9 +385,9 @@ func TestList(t *testing.T) {
 		t.Fatalf("GET = %d %s", rec.Code, rec.Body)
 	}
 	const want = `{"thresholds":[` +
-		`{"model":"Qwen/Qwen3-0.6B","active_decode_blocks_threshold":0.9,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null},` +
-		`{"model":"b/override","active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":0.5},` +
-		`{"model":"old/record-only","active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null}]}` + "\n"
+		`{"model":"Qwen/Qwen3-0.6B","active_decode_blocks_threshold":0.9,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null},` +
+		`{"model":"b/override","active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":0.5,"kv_committed_threshold":null,"queue_delay_threshold_ms":null},` +
+		`{"model":"old/record-only","active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null}]}` + "\n"
 	if rec.Body.String() != want {
 		t.Errorf("GET =\n%s\nwant\n%s", rec.Body, want)
 	}
@@ -445,8 +445,8 @@ func TestInspect(t *testing.T) {
 		status int
 		want   string
 	}{
-		{"/busy", 200, `{"records":[{"model":"a","busy":[1],"free":[],"stale":[],"all_busy":true,"amber":[],"hard":[1],"reasons":{"1":"kv"},"thresholds":{"active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null},"routers":0},` +
-			`{"model":"Qwen/Qwen3-0.6B","busy":[],"free":[2,3],"stale":[],"all_busy":false,"amber":[3],"hard":[],"reasons":{},"thresholds":{"active_decode_blocks_threshold":null,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null},"routers":2}]}`},
+		{"/busy", 200, `{"records":[{"model":"a","busy":[1],"free":[],"stale":[],"all_busy":true,"amber":[],"hard":[1],"reasons":{"1":"kv"},"thresholds":{"active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null},"routers":0},` +
+			`{"model":"Qwen/Qwen3-0.6B","busy":[],"free":[2,3],"stale":[],"all_busy":false,"amber":[3],"hard":[],"reasons":{},"thresholds":{"active_decode_blocks_threshold":null,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null},"routers":2}]}`},
 		{"/busy?model=nobody", 200, `{"records":[]}`},
 		{"/workers?model=a", 200, `{"workers":[{"model":"a","worker_id":1,"state":"busy","reason":"kv","sources":["engine"],"ranks":[0],"age_seconds":0}]}`},
 		{"/workers?model=nobody", 200, `{"workers":[]}`},

@@ -23,9 +23,17 @@ const (
 	fieldDecode  = "active_decode_blocks_threshold"
 	fieldPrefill = "active_prefill_tokens_threshold"
 	fieldFrac    = "active_prefill_tokens_threshold_frac"
+	// The thresholds of the leading signals (contract §21).
+	fieldCommitted = "kv_committed_threshold"
+	fieldDelay     = "queue_delay_threshold_ms"
 )
 
-var fieldList = fieldModel + ", " + fieldDecode + ", " + fieldPrefill + " and " + fieldFrac
+// thresholdFields are the threshold members of a request, in the order
+// messages list them.
+var thresholdFields = [...]string{fieldDecode, fieldPrefill, fieldFrac, fieldCommitted, fieldDelay}
+
+var fieldList = fieldModel + ", " + fieldDecode + ", " + fieldPrefill + ", " + fieldFrac + ", " + fieldCommitted +
+	" and " + fieldDelay
 
 // exampleBody is quoted in messages that say what a body should look like.
 const exampleBody = `{"model":"Qwen/Qwen3-0.6B","active_decode_blocks_threshold":0.9}`
@@ -163,7 +171,7 @@ func isNull(raw json.RawMessage) bool { return len(raw) == 0 || raw[0] == 'n' }
 // isSet reports whether members set a threshold: a set needs the admin
 // token, a body with only a model (or null thresholds) is a get.
 func isSet(members map[string]json.RawMessage) bool {
-	for _, f := range []string{fieldDecode, fieldPrefill, fieldFrac} {
+	for _, f := range thresholdFields {
 		if raw, ok := members[f]; ok && !isNull(raw) {
 			return true
 		}
@@ -184,7 +192,7 @@ func decodeRequest(members map[string]json.RawMessage) (thresholdRequest, *httpE
 	var req thresholdRequest
 	for key := range members {
 		switch key {
-		case fieldModel, fieldDecode, fieldPrefill, fieldFrac:
+		case fieldModel, fieldDecode, fieldPrefill, fieldFrac, fieldCommitted, fieldDelay:
 		default:
 			return req, errorf(http.StatusBadRequest, fmt.Sprintf("unknown field %q: the fields are %s", key, fieldList))
 		}
@@ -198,11 +206,19 @@ func decodeRequest(members map[string]json.RawMessage) (thresholdRequest, *httpE
 		"a number between 0 and 1 (a fraction of kv_total_blocks)", func(v float64) bool { return v >= 0 && v <= 1 }); herr != nil {
 		return req, herr
 	}
-	if req.patch.ActivePrefillTokens, herr = decodeUint(members[fieldPrefill], fieldPrefill); herr != nil {
+	if req.patch.ActivePrefillTokens, herr = decodeUint(members[fieldPrefill], fieldPrefill, "a whole number of tokens ≥ 0"); herr != nil {
 		return req, herr
 	}
 	if req.patch.ActivePrefillTokensFrac, herr = decodeFloat(members[fieldFrac], fieldFrac,
 		"a finite number ≥ 0 (a fraction of max_num_batched_tokens)", func(v float64) bool { return v >= 0 }); herr != nil {
+		return req, herr
+	}
+	if req.patch.KVCommitted, herr = decodeFloat(members[fieldCommitted], fieldCommitted,
+		fmt.Sprintf("a number between 0 and %d (a multiple of kv_total_blocks)", events.MaxKVCommittedThreshold),
+		func(v float64) bool { return v >= 0 && v <= events.MaxKVCommittedThreshold }); herr != nil {
+		return req, herr
+	}
+	if req.patch.QueueDelayMs, herr = decodeUint(members[fieldDelay], fieldDelay, "a whole number of milliseconds ≥ 0"); herr != nil {
 		return req, herr
 	}
 	if err := req.patch.Validate(); err != nil { // the contract's own check, as a last guard
@@ -257,12 +273,12 @@ func decodeFloat(raw json.RawMessage, field, want string, inRange func(float64) 
 	return &v, nil
 }
 
-// decodeUint decodes an optional token count: a non-negative integer (an
-// integral number written with a fraction or exponent, like 1000.0 or 1e3,
-// counts), null or absent is nil. A fraction is the wrong type (422); a
-// negative number or one over 2^64-1 is out of range (400).
-func decodeUint(raw json.RawMessage, field string) (*uint64, *httpError) {
-	const want = "a whole number of tokens ≥ 0"
+// decodeUint decodes an optional count (tokens, milliseconds; want says
+// which): a non-negative integer (an integral number written with a fraction
+// or exponent, like 1000.0 or 1e3, counts), null or absent is nil. A
+// fraction is the wrong type (422); a negative number or one over 2^64-1 is
+// out of range (400).
+func decodeUint(raw json.RawMessage, field, want string) (*uint64, *httpError) {
 	if isNull(raw) {
 		return nil, nil
 	}

@@ -34,7 +34,7 @@ func TestDecodeUint(t *testing.T) {
 		{"false", 0, 422},
 	}
 	for _, tt := range tests {
-		got, herr := decodeUint(json.RawMessage(tt.raw), fieldPrefill)
+		got, herr := decodeUint(json.RawMessage(tt.raw), fieldPrefill, "a whole number of tokens ≥ 0")
 		switch {
 		case tt.status != 0:
 			if herr == nil || herr.status != tt.status {

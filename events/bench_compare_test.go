@@ -21,6 +21,11 @@ type wireReport struct {
 	KVTotalBlocks       *uint64 `msgpack:"kv_total_blocks" json:"kv_total_blocks"`
 	ActivePrefillTokens *uint64 `msgpack:"active_prefill_tokens" json:"active_prefill_tokens"`
 	MaxNumBatchedTokens *uint64 `msgpack:"max_num_batched_tokens" json:"max_num_batched_tokens"`
+	WaitingRequests     *uint64 `msgpack:"waiting_requests" json:"waiting_requests"`
+	RunningRequests     *uint64 `msgpack:"running_requests" json:"running_requests"`
+	Preemptions         *uint64 `msgpack:"preemptions" json:"preemptions"`
+	PrefilledTokens     *uint64 `msgpack:"prefilled_tokens" json:"prefilled_tokens"`
+	KVCommittedBlocks   *uint64 `msgpack:"kv_committed_blocks" json:"kv_committed_blocks"`
 	BootID              uint64  `msgpack:"boot_id" json:"boot_id"`
 	Seq                 uint64  `msgpack:"seq" json:"seq"`
 	SentAt              int64   `msgpack:"sent_at" json:"sent_at"`

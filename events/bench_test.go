@@ -10,7 +10,8 @@ func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
 var benchReport = LoadReport{
 	Model: "Qwen/Qwen3-0.6B", WorkerID: 7, DPRank: 1, DPStart: 0, DPSize: 2, Source: SourceEngine,
 	ActiveDecodeBlocks: Some(812), KVTotalBlocks: Some(1024), ActivePrefillTokens: Some(4096),
-	MaxNumBatchedTokens: Some(8192), BootID: 12345678901234567890, Seq: 991, SentAt: 1763769600000000000,
+	MaxNumBatchedTokens: Some(8192), WaitingRequests: Some(3), RunningRequests: Some(41), Preemptions: Some(2),
+	PrefilledTokens: Some(1 << 33), KVCommittedBlocks: Some(1300), BootID: 12345678901234567890, Seq: 991, SentAt: 1763769600000000000,
 }
 
 func BenchmarkEncodeLoadReport(b *testing.B) {

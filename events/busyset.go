@@ -16,16 +16,27 @@ type Thresholds struct {
 	ActiveDecodeBlocks      *float64 `msgpack:"active_decode_blocks_threshold,omitempty" json:"active_decode_blocks_threshold"`
 	ActivePrefillTokens     *uint64  `msgpack:"active_prefill_tokens_threshold,omitempty" json:"active_prefill_tokens_threshold"`
 	ActivePrefillTokensFrac *float64 `msgpack:"active_prefill_tokens_threshold_frac,omitempty" json:"active_prefill_tokens_threshold_frac"`
+	// KVCommitted and QueueDelayMs are the thresholds of the leading
+	// signals (contract §21).
+	KVCommitted  *float64 `msgpack:"kv_committed_threshold,omitempty" json:"kv_committed_threshold"`
+	QueueDelayMs *uint64  `msgpack:"queue_delay_threshold_ms,omitempty" json:"queue_delay_threshold_ms"`
 }
 
+// MaxKVCommittedThreshold is the largest kv_committed_threshold: committed
+// blocks up to four times the cache (contract §21).
+const MaxKVCommittedThreshold = 4
+
 // Validate checks the ranges of the contract: decode threshold finite and in
-// [0, 1], frac finite and ≥ 0.
+// [0, 1], frac finite and ≥ 0, kv_committed finite and in [0, 4].
 func (t Thresholds) Validate() error {
 	if v := t.ActiveDecodeBlocks; v != nil && (math.IsNaN(*v) || *v < 0 || *v > 1) {
 		return fmt.Errorf("events: active_decode_blocks_threshold %v is not in [0, 1]: %w", *v, ErrOutOfRange)
 	}
 	if v := t.ActivePrefillTokensFrac; v != nil && (math.IsNaN(*v) || math.IsInf(*v, 0) || *v < 0) {
 		return fmt.Errorf("events: active_prefill_tokens_threshold_frac %v is not a finite number ≥ 0: %w", *v, ErrOutOfRange)
+	}
+	if v := t.KVCommitted; v != nil && (math.IsNaN(*v) || *v < 0 || *v > MaxKVCommittedThreshold) {
+		return fmt.Errorf("events: kv_committed_threshold %v is not in [0, %d]: %w", *v, MaxKVCommittedThreshold, ErrOutOfRange)
 	}
 	return nil
 }
@@ -41,18 +52,26 @@ func (t Thresholds) Merge(o Thresholds) Thresholds {
 	if o.ActivePrefillTokensFrac != nil {
 		t.ActivePrefillTokensFrac = o.ActivePrefillTokensFrac
 	}
+	if o.KVCommitted != nil {
+		t.KVCommitted = o.KVCommitted
+	}
+	if o.QueueDelayMs != nil {
+		t.QueueDelayMs = o.QueueDelayMs
+	}
 	return t
 }
 
 // IsZero reports whether no threshold is set.
 func (t Thresholds) IsZero() bool {
-	return t.ActiveDecodeBlocks == nil && t.ActivePrefillTokens == nil && t.ActivePrefillTokensFrac == nil
+	return t.ActiveDecodeBlocks == nil && t.ActivePrefillTokens == nil && t.ActivePrefillTokensFrac == nil &&
+		t.KVCommitted == nil && t.QueueDelayMs == nil
 }
 
 // Equal reports whether two sets of thresholds have the same values.
 func (t Thresholds) Equal(o Thresholds) bool {
 	return eqPtr(t.ActiveDecodeBlocks, o.ActiveDecodeBlocks) && eqPtr(t.ActivePrefillTokens, o.ActivePrefillTokens) &&
-		eqPtr(t.ActivePrefillTokensFrac, o.ActivePrefillTokensFrac)
+		eqPtr(t.ActivePrefillTokensFrac, o.ActivePrefillTokensFrac) && eqPtr(t.KVCommitted, o.KVCommitted) &&
+		eqPtr(t.QueueDelayMs, o.QueueDelayMs)
 }
 
 func eqPtr[T comparable](a, b *T) bool {
@@ -62,13 +81,22 @@ func eqPtr[T comparable](a, b *T) bool {
 // Ptr returns a pointer to v, for building Thresholds.
 func Ptr[T any](v T) *T { return &v }
 
-// Busy reasons of a BusySet record.
+// Busy reasons of a BusySet record. A worker busy for several checks has
+// their reasons joined by ReasonSep in the order kv, prefill, kv_committed,
+// queue_delay (contract §21): "kv+prefill", "prefill+queue_delay".
 const (
-	ReasonKV        = "kv"
-	ReasonPrefill   = "prefill"
-	ReasonKVPrefill = "kv+prefill"
-	ReasonCordoned  = "cordoned"
+	ReasonKV          = "kv"
+	ReasonPrefill     = "prefill"
+	ReasonKVPrefill   = "kv+prefill"
+	ReasonKVCommitted = "kv_committed"
+	ReasonQueueDelay  = "queue_delay"
+	ReasonCordoned    = "cordoned"
+	ReasonSep         = "+"
 )
+
+// RoundSaturation rounds a saturation to the hundredths a record carries
+// (contract §21).
+func RoundSaturation(s float64) float64 { return math.Round(s*100) / 100 }
 
 // BusySet is a model's record in the busy bucket (contract §6).
 //
@@ -88,11 +116,14 @@ type BusySet struct {
 	Thresholds Thresholds        `msgpack:"thresholds"`
 	// Routers is the number of router/* sources with a fresh estimate for
 	// the model (contract §17); absent in older records: 0.
-	Routers   uint64 `msgpack:"routers"`
-	UpdatedAt int64  `msgpack:"updated_at"`
-	MonitorID string `msgpack:"monitor_id"`
-	Epoch     uint64 `msgpack:"epoch"`
-	Seq       uint64 `msgpack:"seq"`
+	Routers uint64 `msgpack:"routers"`
+	// Saturation is the mean saturation of the model's fresh, uncordoned
+	// workers, rounded to 0.01 (contract §21); absent in older records: 0.
+	Saturation float64 `msgpack:"saturation"`
+	UpdatedAt  int64   `msgpack:"updated_at"`
+	MonitorID  string  `msgpack:"monitor_id"`
+	Epoch      uint64  `msgpack:"epoch"`
+	Seq        uint64  `msgpack:"seq"`
 }
 
 // MarshalBusySet encodes a record with AppendBusySet. Nil lists and maps

@@ -14,7 +14,7 @@ import (
 // the order of their keys. It is the one encoder of records: MarshalBusySet
 // and the busylist Writer use it.
 func AppendBusySet(b []byte, r *BusySet) []byte {
-	b = appendMapLen(b, 15)
+	b = appendMapLen(b, 16)
 	b = appendStr(b, "v")
 	b = appendUint(b, SchemaVersion)
 	b = appendStr(b, "model")
@@ -37,6 +37,8 @@ func AppendBusySet(b []byte, r *BusySet) []byte {
 	b = appendThresholds(b, r.Thresholds)
 	b = appendStr(b, "routers")
 	b = appendUint(b, r.Routers)
+	b = appendStr(b, "saturation")
+	b = appendFloat(b, r.Saturation)
 	b = appendStr(b, "updated_at")
 	b = appendInt(b, r.UpdatedAt)
 	b = appendStr(b, "monitor_id")
@@ -100,7 +102,8 @@ func isBusyKey(busy []uint64, key string) bool {
 // appendThresholds appends the thresholds map: the ones set only.
 func appendThresholds(b []byte, t Thresholds) []byte {
 	n := 0
-	for _, set := range []bool{t.ActiveDecodeBlocks != nil, t.ActivePrefillTokens != nil, t.ActivePrefillTokensFrac != nil} {
+	for _, set := range [...]bool{t.ActiveDecodeBlocks != nil, t.ActivePrefillTokens != nil, t.ActivePrefillTokensFrac != nil,
+		t.KVCommitted != nil, t.QueueDelayMs != nil} {
 		if set {
 			n++
 		}
@@ -117,6 +120,14 @@ func appendThresholds(b []byte, t Thresholds) []byte {
 	if t.ActivePrefillTokensFrac != nil {
 		b = appendStr(b, "active_prefill_tokens_threshold_frac")
 		b = appendFloat(b, *t.ActivePrefillTokensFrac)
+	}
+	if t.KVCommitted != nil {
+		b = appendStr(b, "kv_committed_threshold")
+		b = appendFloat(b, *t.KVCommitted)
+	}
+	if t.QueueDelayMs != nil {
+		b = appendStr(b, "queue_delay_threshold_ms")
+		b = appendUint(b, *t.QueueDelayMs)
 	}
 	return b
 }

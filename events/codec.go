@@ -83,6 +83,11 @@ const (
 	keyKVTotal
 	keyPrefill
 	keyMaxBatched
+	keyWaiting
+	keyRunning
+	keyPreemptions
+	keyPrefilled
+	keyCommitted
 )
 
 // keyNames are the keys by number.
@@ -90,7 +95,8 @@ var keyNames = [...]string{
 	keyV: "v", keyModel: "model", keyWorker: "worker_id", keySource: "source", keyBoot: "boot_id",
 	keySeq: "seq", keySentAt: "sent_at", keyDPRank: "dp_rank", keyDPStart: "dp_start", keyDPSize: "dp_size",
 	keyDecode: "active_decode_blocks", keyKVTotal: "kv_total_blocks", keyPrefill: "active_prefill_tokens",
-	keyMaxBatched: "max_num_batched_tokens",
+	keyMaxBatched: "max_num_batched_tokens", keyWaiting: "waiting_requests", keyRunning: "running_requests",
+	keyPreemptions: "preemptions", keyPrefilled: "prefilled_tokens", keyCommitted: "kv_committed_blocks",
 }
 
 // keyOf returns the number of key, keyUnknown for a key that is not the
@@ -126,6 +132,16 @@ func keyOf(key []byte) int {
 		return keyPrefill
 	case "max_num_batched_tokens":
 		return keyMaxBatched
+	case "waiting_requests":
+		return keyWaiting
+	case "running_requests":
+		return keyRunning
+	case "preemptions":
+		return keyPreemptions
+	case "prefilled_tokens":
+		return keyPrefilled
+	case "kv_committed_blocks":
+		return keyCommitted
 	}
 	return keyUnknown
 }
@@ -158,6 +174,16 @@ func (dec *Decoder) LoadReport(data []byte) (LoadReport, error) {
 			err = dec.optionalField(key, &r.ActivePrefillTokens)
 		case keyMaxBatched:
 			err = dec.optionalField(key, &r.MaxNumBatchedTokens)
+		case keyWaiting:
+			err = dec.optionalField(key, &r.WaitingRequests)
+		case keyRunning:
+			err = dec.optionalField(key, &r.RunningRequests)
+		case keyPreemptions:
+			err = dec.optionalField(key, &r.Preemptions)
+		case keyPrefilled:
+			err = dec.optionalField(key, &r.PrefilledTokens)
+		case keyCommitted:
+			err = dec.optionalField(key, &r.KVCommittedBlocks)
 		default:
 			bits, err = dec.commonField(key, &r.Model, &r.WorkerID, &r.Source, &r.BootID, &r.Seq, &r.SentAt)
 			seen |= bits

@@ -87,6 +87,16 @@ func reportField(r LoadReport, name string) any {
 		return opt(r.ActivePrefillTokens)
 	case "max_num_batched_tokens":
 		return opt(r.MaxNumBatchedTokens)
+	case "waiting_requests":
+		return opt(r.WaitingRequests)
+	case "running_requests":
+		return opt(r.RunningRequests)
+	case "preemptions":
+		return opt(r.Preemptions)
+	case "prefilled_tokens":
+		return opt(r.PrefilledTokens)
+	case "kv_committed_blocks":
+		return opt(r.KVCommittedBlocks)
 	case "boot_id":
 		return r.BootID
 	case "seq":
@@ -177,6 +187,11 @@ func TestDecodeReportErrors(t *testing.T) {
 		{"sent_at above int64", with("sent_at", uint64(math.MaxUint64)), ErrOutOfRange},
 		{"bool load", with("kv_total_blocks", true), ErrWrongType},
 		{"empty source", with("source", ""), ErrInvalidSource},
+		{"negative preemptions", with("preemptions", -1), ErrOutOfRange},
+		{"float prefilled_tokens", with("prefilled_tokens", 1.5), ErrWrongType},
+		{"string waiting_requests", with("waiting_requests", "3"), ErrWrongType},
+		{"bool running_requests", with("running_requests", false), ErrWrongType},
+		{"array kv_committed_blocks", with("kv_committed_blocks", []int{1}), ErrWrongType},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -342,6 +357,124 @@ func TestBusySetAmberHard(t *testing.T) {
 	}
 }
 
+// TestLoadReportLeadingFields: the §21 fields round-trip, each absent when
+// unset (left out of the payload, not written as 0), and a present 0 stays
+// present.
+func TestLoadReportLeadingFields(t *testing.T) {
+	t.Parallel()
+	base := LoadReport{Model: "m", WorkerID: 1, DPSize: 1, Source: SourceEngine, BootID: 2, Seq: 3, SentAt: 4}
+	names := []string{"waiting_requests", "running_requests", "preemptions", "prefilled_tokens", "kv_committed_blocks"}
+	set := []func(*LoadReport, Optional){
+		func(r *LoadReport, o Optional) { r.WaitingRequests = o },
+		func(r *LoadReport, o Optional) { r.RunningRequests = o },
+		func(r *LoadReport, o Optional) { r.Preemptions = o },
+		func(r *LoadReport, o Optional) { r.PrefilledTokens = o },
+		func(r *LoadReport, o Optional) { r.KVCommittedBlocks = o },
+	}
+	for i, name := range names {
+		for _, v := range []uint64{0, 7, math.MaxUint64} {
+			t.Run(fmt.Sprintf("%s=%d", name, v), func(t *testing.T) {
+				t.Parallel()
+				r := base
+				set[i](&r, Some(v))
+				b, err := MarshalLoadReport(&r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				raw := map[string]any{}
+				if err := msgpackUnmarshal(b, &raw); err != nil {
+					t.Fatal(err)
+				}
+				for _, other := range names {
+					if _, ok := raw[other]; ok != (other == name) {
+						t.Errorf("key %s on the wire: %v", other, ok)
+					}
+				}
+				back, err := DecodeLoadReport(b)
+				if err != nil || back != r {
+					t.Fatalf("round trip: %+v, %v; want %+v", back, err, r)
+				}
+				if got := reportField(back, name); got != v {
+					t.Errorf("%s = %v, want %d", name, got, v)
+				}
+			})
+		}
+	}
+	b, err := MarshalLoadReport(&base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := DecodeLoadReport(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range names {
+		if got := reportField(back, name); got != nil {
+			t.Errorf("%s = %v on a report without it, want absent", name, got)
+		}
+	}
+}
+
+// TestBusySetLeadingFields: the record carries saturation and the two §21
+// thresholds; a record written before them decodes with saturation 0 and
+// both thresholds unset.
+func TestBusySetLeadingFields(t *testing.T) {
+	t.Parallel()
+	in := BusySet{Model: "m", Saturation: 1.25,
+		Thresholds: Thresholds{KVCommitted: Ptr(1.5), QueueDelayMs: Ptr[uint64](250)}}
+	b, err := MarshalBusySet(&in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := map[string]any{}
+	if err := msgpackUnmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	th, _ := raw["thresholds"].(map[string]any)
+	if fmt.Sprint(raw["saturation"]) != "1.25" || fmt.Sprint(th["kv_committed_threshold"]) != "1.5" ||
+		fmt.Sprint(th["queue_delay_threshold_ms"]) != "250" || len(th) != 2 {
+		t.Fatalf("saturation %#v, thresholds %#v", raw["saturation"], th)
+	}
+	got, err := DecodeBusySet(b)
+	if err != nil || got.Saturation != 1.25 || !got.Thresholds.Equal(in.Thresholds) {
+		t.Fatalf("decode: %+v, %v", got, err)
+	}
+	delete(raw, "saturation")
+	raw["thresholds"] = map[string]any{}
+	old, err := msgpack.Marshal(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := DecodeBusySet(old); err != nil || got.Saturation != 0 || !got.Thresholds.IsZero() {
+		t.Fatalf("older record: %+v, %v", got, err)
+	}
+}
+
+func TestRoundSaturation(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[float64]float64{0: 0, 0.004: 0, 0.005: 0.01, 1.2345: 1.23, 1.235001: 1.24, 4: 4, 2.0 / 3: 0.67} {
+		if got := RoundSaturation(in); got != want {
+			t.Errorf("RoundSaturation(%v) = %v, want %v", in, got, want)
+		}
+	}
+}
+
+func TestThresholdsMergeEqualLeading(t *testing.T) {
+	t.Parallel()
+	a := Thresholds{ActiveDecodeBlocks: Ptr(0.5), KVCommitted: Ptr(1.0)}
+	b := Thresholds{QueueDelayMs: Ptr[uint64](100), KVCommitted: Ptr(2.0)}
+	m := a.Merge(b)
+	if *m.KVCommitted != 2 || *m.QueueDelayMs != 100 || *m.ActiveDecodeBlocks != 0.5 {
+		t.Fatalf("merge: %+v", m)
+	}
+	if m.Equal(a) || !m.Equal(m.Merge(Thresholds{})) {
+		t.Error("Equal ignores the leading thresholds")
+	}
+	if (Thresholds{QueueDelayMs: Ptr[uint64](0)}).IsZero() || (Thresholds{KVCommitted: Ptr(0.0)}).IsZero() {
+		t.Error("IsZero ignores the leading thresholds")
+	}
+}
+
 func TestThresholdsValidate(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -357,6 +490,12 @@ func TestThresholdsValidate(t *testing.T) {
 		{Thresholds{ActivePrefillTokensFrac: Ptr(math.Inf(1))}, false},
 		{Thresholds{ActivePrefillTokensFrac: Ptr(-1.0)}, false},
 		{Thresholds{ActivePrefillTokensFrac: Ptr(3.5)}, true},
+		{Thresholds{KVCommitted: Ptr(0.0), QueueDelayMs: Ptr[uint64](0)}, true},
+		{Thresholds{KVCommitted: Ptr(4.0), QueueDelayMs: Ptr[uint64](math.MaxUint64)}, true},
+		{Thresholds{KVCommitted: Ptr(4.0000001)}, false},
+		{Thresholds{KVCommitted: Ptr(-0.01)}, false},
+		{Thresholds{KVCommitted: Ptr(math.NaN())}, false},
+		{Thresholds{KVCommitted: Ptr(math.Inf(1))}, false},
 	}
 	for i, tt := range tests {
 		if err := tt.t.Validate(); (err == nil) != tt.ok {
@@ -445,8 +584,8 @@ func TestKnownKeyCoversEncodedKeys(t *testing.T) {
 	if err := msgpackUnmarshal(b, &raw); err != nil {
 		t.Fatal(err)
 	}
-	if len(raw) != 14 {
-		t.Fatalf("benchReport encodes %d keys, want every one of the 14", len(raw))
+	if len(raw) != len(keyNames)-1 {
+		t.Fatalf("benchReport encodes %d keys, want every one of the %d", len(raw), len(keyNames)-1)
 	}
 	for k := range raw {
 		if got := keyNames[keyOf([]byte(k))]; got != k {

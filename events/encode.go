@@ -31,7 +31,7 @@ func (enc *Encoder) LoadReport(r *LoadReport) ([]byte, error) {
 	enc.buf.Reset()
 	e := enc.e
 	n := 10
-	for _, o := range [...]Optional{r.ActiveDecodeBlocks, r.KVTotalBlocks, r.ActivePrefillTokens, r.MaxNumBatchedTokens} {
+	for _, o := range r.optionals() {
 		if o.Set {
 			n++
 		}
@@ -46,6 +46,11 @@ func (enc *Encoder) LoadReport(r *LoadReport) ([]byte, error) {
 	enc.optional("kv_total_blocks", r.KVTotalBlocks)
 	enc.optional("active_prefill_tokens", r.ActivePrefillTokens)
 	enc.optional("max_num_batched_tokens", r.MaxNumBatchedTokens)
+	enc.optional("waiting_requests", r.WaitingRequests)
+	enc.optional("running_requests", r.RunningRequests)
+	enc.optional("preemptions", r.Preemptions)
+	enc.optional("prefilled_tokens", r.PrefilledTokens)
+	enc.optional("kv_committed_blocks", r.KVCommittedBlocks)
 	return enc.buf.Bytes(), nil
 }
 

@@ -30,9 +30,25 @@ type LoadReport struct {
 	ActivePrefillTokens Optional
 	MaxNumBatchedTokens Optional
 
+	// The leading signals of contract §21. WaitingRequests, RunningRequests,
+	// Preemptions and PrefilledTokens count only from the engine source;
+	// Preemptions and PrefilledTokens are counters per BootID.
+	WaitingRequests   Optional // requests waiting to be scheduled, preempted ones included
+	RunningRequests   Optional // requests scheduled
+	Preemptions       Optional // preemptions since the publisher started
+	PrefilledTokens   Optional // prompt tokens computed since the publisher started
+	KVCommittedBlocks Optional // blocks the running and waiting requests would hold at their expected length
+
 	BootID uint64
 	Seq    uint64
 	SentAt int64 // publisher clock, Unix nanoseconds
+}
+
+// optionals returns the report's load fields in wire order: those of §3,
+// then those of §21.
+func (r *LoadReport) optionals() [9]Optional {
+	return [...]Optional{r.ActiveDecodeBlocks, r.KVTotalBlocks, r.ActivePrefillTokens, r.MaxNumBatchedTokens,
+		r.WaitingRequests, r.RunningRequests, r.Preemptions, r.PrefilledTokens, r.KVCommittedBlocks}
 }
 
 // Validate checks the fields a decoded or hand-built report must satisfy.

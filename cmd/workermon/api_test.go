@@ -122,7 +122,7 @@ func TestThresholdsAPI(t *testing.T) {
 
 	// Set: the reply is the effective thresholds.
 	code, _, body := call(t, svc, "POST", "/busy_threshold", e2eToken, `{"model":"`+e2eModel+`","active_decode_blocks_threshold":0.4}`)
-	const wantSet = `{"model":"e2e/model-0.5B","active_decode_blocks_threshold":0.4,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null}` + "\n"
+	const wantSet = `{"model":"e2e/model-0.5B","active_decode_blocks_threshold":0.4,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null}` + "\n"
 	if code != http.StatusOK || string(body) != wantSet {
 		t.Fatalf("set = %d %s, want 200 %s", code, body, wantSet)
 	}
@@ -174,7 +174,7 @@ func TestThresholdsAPI(t *testing.T) {
 
 	// Delete: back to the defaults, at once.
 	code, _, body = call(t, svc, "DELETE", "/busy_threshold?model="+e2eModel, e2eToken, "")
-	const wantDefaults = `{"model":"e2e/model-0.5B","active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null}` + "\n"
+	const wantDefaults = `{"model":"e2e/model-0.5B","active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null}` + "\n"
 	if code != http.StatusOK || string(body) != wantDefaults {
 		t.Fatalf("delete = %d %s, want 200 %s", code, body, wantDefaults)
 	}
