@@ -61,7 +61,7 @@ func userinfo(raw string) (start, at int) {
 
 // hide returns the user info info with its secret replaced by Mark.
 func hide(info string) string {
-	if user, _, ok := strings.Cut(info, ":"); ok {
+	if user, _, ok := strings.Cut(info, ":"); ok && user != "" {
 		return user + ":" + Mark
 	}
 	return Mark

@@ -24,6 +24,13 @@ func TestURL(t *testing.T) {
 		{"http://u:p%zzw@host", "http://u:<redacted>@host"},
 		{"u:p@w@host/x://y", "u:<redacted>@host/x://y"},
 		{"http://host/path", "http://host/path"},
+		{"tls://tok@h:4222", "tls://<redacted>@h:4222"},
+		{"nats://u:p%40ss@h:1", "nats://u:<redacted>@h:1"},
+		{"nats://[::1]:4222", "nats://[::1]:4222"},
+		{"nats://x:y@[::1]:4222", "nats://x:<redacted>@[::1]:4222"},
+		{"::not a url@h", "<redacted>@h"},
+		{"nats://:pw@h", "nats://<redacted>@h"},
+		{"nats://REDACTED:pw@host:1", "nats://REDACTED:<redacted>@host:1"},
 	} {
 		if got := URL(tc.in); got != tc.want {
 			t.Errorf("URL(%q) = %q, want %q", tc.in, got, tc.want)
