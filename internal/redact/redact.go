@@ -171,14 +171,18 @@ func Secret(name string) bool {
 }
 
 // Value returns the value of the flag name as it may be shown: Mark for a
-// secret flag's non-empty value, the value with the user info of its URLs
-// hidden otherwise (any flag: a URL may hide behind --target or --endpoint).
+// secret flag's non-empty value; the value with the user info of its URLs
+// hidden for a flag named for URLs (which may omit the scheme:
+// user:pass@host:4222) or a value with a scheme (--target, --endpoint);
+// else the value as is (--kill 2@30s is no URL).
 func Value(name, value string) string {
-	if value == "" {
+	switch {
+	case value == "":
 		return value
-	}
-	if Secret(name) {
+	case Secret(name):
 		return Mark
+	case strings.Contains(strings.ToLower(name), "url"), strings.Contains(value, "://"):
+		return URLs(value)
 	}
-	return URLs(value)
+	return value
 }

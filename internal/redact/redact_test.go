@@ -127,6 +127,8 @@ func TestValue(t *testing.T) {
 		{"nats-url", "nats://u:s3cr3t@h:4222,h2:4222", "nats://u:<redacted>@h:4222,h2:4222"},
 		{"target", "http://t0k3n@router:8080", "http://<redacted>@router:8080"},
 		{"nats-creds", "/etc/nats/user.creds", "/etc/nats/user.creds"},
+		{"nats-url", "u:s3cr3t@h:4222", "u:<redacted>@h:4222"},
+		{"kill", "2@30s", "2@30s"},
 	} {
 		if got := Value(tc.name, tc.in); got != tc.want {
 			t.Errorf("Value(%q, %q) = %q, want %q", tc.name, tc.in, got, tc.want)
