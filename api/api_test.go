@@ -295,6 +295,7 @@ func TestAuth(t *testing.T) {
 		{"set with wrong token", request{method: "POST", body: set, header: map[string]string{"Authorization": "Bearer nope"}}, 401, `Bearer realm="workermon", error="invalid_token"`},
 		{"set with token prefix", request{method: "POST", body: set, header: map[string]string{"Authorization": "Bearer " + testToken[:4]}}, 401, `Bearer realm="workermon", error="invalid_token"`},
 		{"set with basic auth", request{method: "POST", body: set, header: map[string]string{"Authorization": "Basic " + testToken}}, 401, `Bearer realm="workermon"`},
+		{"set with the bare token", request{method: "POST", body: set, header: map[string]string{"Authorization": testToken}}, 401, `Bearer realm="workermon"`},
 		{"set with token", request{method: "POST", body: set, header: map[string]string{"Authorization": "Bearer " + testToken}}, 200, ""},
 		{"scheme in lower case", request{method: "POST", body: set, header: map[string]string{"Authorization": "bearer " + testToken}}, 200, ""},
 		{"get-only POST stays open", request{method: "POST", body: `{"model":"Qwen/Qwen3-0.6B"}`}, 200, ""},
@@ -320,6 +321,9 @@ func TestAuth(t *testing.T) {
 			}
 			if tt.status == 401 {
 				errorBody(t, rec)
+				if strings.Contains(rec.Body.String(), testToken) {
+					t.Errorf("the answer shows the token: %s", rec.Body)
+				}
 				if f.store.merges+f.store.deletes != 0 || len(f.mon.sets) != 0 {
 					t.Error("an unauthorized request changed something")
 				}

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/redact"
 	"github.com/workermon/workermon/monitor"
 	"github.com/workermon/workermon/overrides"
 )
@@ -42,7 +43,7 @@ type Client struct {
 func NewClient(baseURL, token string, hc *http.Client) (*Client, error) {
 	u, err := url.Parse(baseURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("api: monitor URL %q: want http://host:port or https://host:port", baseURL)
+		return nil, fmt.Errorf("api: monitor URL %q: want http://host:port or https://host:port", redact.URL(baseURL))
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
 	u.RawQuery, u.Fragment = "", ""
@@ -135,7 +136,7 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	}
 	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
 	if err != nil {
-		return fmt.Errorf("api: %s %s: %w", method, u.Redacted(), err)
+		return redact.Error(fmt.Errorf("api: %s %s: %w", method, redact.URL(u.String()), err), u.String())
 	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -146,12 +147,13 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("%w at %s: %w", ErrUnreachable, c.base.Redacted(), err)
+		// net/http's error quotes the URL with a token given as the user.
+		return redact.Error(fmt.Errorf("%w at %s: %w", ErrUnreachable, redact.URL(c.base.String()), err), u.String())
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxReply))
 	if err != nil {
-		return fmt.Errorf("api: %s %s: read reply: %w", method, u.Redacted(), err)
+		return redact.Error(fmt.Errorf("api: %s %s: read reply: %w", method, redact.URL(u.String()), err), u.String())
 	}
 	if resp.StatusCode != http.StatusOK {
 		var e ErrorReply
@@ -161,7 +163,7 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		return &StatusError{StatusCode: resp.StatusCode, Message: e.Error}
 	}
 	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("api: %s %s: decode reply: %w", method, u.Redacted(), err)
+		return fmt.Errorf("api: %s %s: decode reply: %w", method, redact.URL(u.String()), err)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/workermon/workermon/events"
@@ -71,6 +72,29 @@ func TestClient(t *testing.T) {
 	for _, bad := range []string{"", "127.0.0.1:8090", "ftp://host", "http://", "::"} {
 		if _, err := NewClient(bad, "", nil); err == nil {
 			t.Errorf("NewClient(%q) accepted", bad)
+		}
+	}
+}
+
+// TestClientHidesCredentials: the monitor URL's password, or a token given
+// as its user, shows in no error of the client (net/http's own error hides
+// a password but not a lone user).
+func TestClientHidesCredentials(t *testing.T) {
+	t.Parallel()
+	for _, bad := range []string{"http://u:s3cr3t@host:42x22", "ftp://u:s3cr3t@host", "http://s3cr3t@"} {
+		_, err := NewClient(bad, "", nil)
+		if err == nil || strings.Contains(err.Error(), "s3cr3t") {
+			t.Errorf("NewClient(%q) = %v", bad, err)
+		}
+	}
+	for _, dead := range []string{"http://s3cr3t@127.0.0.1:1", "http://u:s3cr3t@127.0.0.1:1"} {
+		c, err := NewClient(dead, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.Thresholds(t.Context())
+		if !errors.Is(err, ErrUnreachable) || strings.Contains(err.Error(), "s3cr3t") {
+			t.Errorf("unreachable %s: %v", dead, err)
 		}
 	}
 }

@@ -210,7 +210,11 @@ func (h *handler) authorize(r *http.Request) *httpError {
 	if auth == "" {
 		return errorf(http.StatusUnauthorized, "this monitor requires the admin token to change thresholds: send the header Authorization: Bearer <token>")
 	}
-	scheme, token, _ := strings.Cut(auth, " ")
+	scheme, token, found := strings.Cut(auth, " ")
+	if !found {
+		// Not echoed: a header without a scheme is likely the bare token.
+		return errorf(http.StatusUnauthorized, "the Authorization header has no scheme: send Authorization: Bearer <token>")
+	}
 	if !strings.EqualFold(scheme, "Bearer") {
 		return errorf(http.StatusUnauthorized, fmt.Sprintf("authorization scheme %q is not supported: send Authorization: Bearer <token>", scheme))
 	}

@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
+
+	"github.com/workermon/workermon/internal/redact"
 )
 
 // API is the OpenAI endpoint the generator calls.
@@ -266,7 +267,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("loadgen: check %s: %s: %w", field, fmt.Sprintf(format, args...), ErrInvalidConfig))
 	}
 	if err := checkTarget(c.Target); err != nil {
-		bad("Target", "%q: %v", c.Target, err)
+		bad("Target", "%q: %v", redact.URL(c.Target), err)
 	}
 	if len(c.Models) == 0 {
 		bad("Models", "none")
@@ -346,7 +347,7 @@ func positive(v float64) bool { return v > 0 && !math.IsInf(v, 0) }
 // checkTarget accepts an http or https base URL without /v1, query or
 // fragment.
 func checkTarget(target string) error {
-	u, err := url.Parse(target)
+	u, err := redact.Parse(target) // url.Parse's error would quote the password
 	switch {
 	case err != nil:
 		return err

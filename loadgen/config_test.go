@@ -46,6 +46,8 @@ func TestValidate(t *testing.T) {
 	}{
 		{"target", func(c *Config) { c.Target = "ftp://x" }, []string{"Target"}},
 		{"target v1", func(c *Config) { c.Target = "http://x/v1" }, []string{"Target"}},
+		{"target with a password, bad port", func(c *Config) { c.Target = "http://u:s3cr3t@x:80x0" }, []string{"Target"}},
+		{"target with a token, no host", func(c *Config) { c.Target = "http://s3cr3t@" }, []string{"Target"}},
 		{"models", func(c *Config) { c.Models = []string{"a", ""} }, []string{"Models"}},
 		{"api and profile", func(c *Config) { c.API, c.Profile = "x", "y" }, []string{"API", "Profile"}},
 		{"constant", func(c *Config) { c.RPS = 0 }, []string{"RPS"}},
@@ -71,6 +73,9 @@ func TestValidate(t *testing.T) {
 				if !strings.Contains(err.Error(), "check "+f+":") {
 					t.Errorf("error %q does not name %s", err, f)
 				}
+			}
+			if strings.Contains(err.Error(), "s3cr3t") {
+				t.Errorf("error %q shows the secret", err)
 			}
 			if _, err := New(cfg, nil); !errors.Is(err, ErrInvalidConfig) {
 				t.Errorf("New: %v; want ErrInvalidConfig", err)

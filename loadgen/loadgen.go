@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/workermon/workermon/admission"
+	"github.com/workermon/workermon/internal/redact"
 )
 
 // Sentinel errors.
@@ -146,7 +147,7 @@ func (g *Generator) Run(ctx context.Context) error {
 	start := time.Now()
 	g.rec.begin(start)
 	g.rec.setTarget(g.cfg.RateAt(0))
-	g.log.Info("loadgen: started", "target", g.url, "profile", g.cfg.Profile)
+	g.log.Info("loadgen: started", "target", redact.URL(g.url), "profile", g.cfg.Profile)
 
 	// The requests' context: ctx, or the end of the drain after Duration.
 	rctx, cancelRequests := context.WithCancel(ctx)

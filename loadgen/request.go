@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/workermon/workermon/admission"
+	"github.com/workermon/workermon/internal/redact"
 )
 
 // drainLimit bounds how much of an error answer is read before the
@@ -229,7 +230,7 @@ func (g *Generator) failed(runCtx, reqCtx context.Context, err error) outcome {
 	case runCtx.Err() != nil:
 		return outAborted
 	}
-	g.log.Debug("loadgen: request failed", "err", err)
+	g.log.Debug("loadgen: request failed", "err", redact.Error(err, g.url))
 	return outError
 }
 

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/workermon/workermon/internal/redact"
 )
 
 // DefaultURL is the server a client connects to when told nothing else: the
@@ -198,17 +200,17 @@ func parseServerURL(raw string) (*url.URL, error) {
 	if !strings.Contains(s, "://") {
 		s = "nats://" + s
 	}
-	u, err := url.Parse(s)
+	u, err := redact.Parse(s) // url.Parse's error would quote the password
 	if err != nil {
 		return nil, err
 	}
 	switch u.Scheme {
 	case "nats", "tls", "ws", "wss":
 	default:
-		return nil, fmt.Errorf("%s: scheme %q is not nats, tls, ws or wss", redactURL(u), u.Scheme)
+		return nil, fmt.Errorf("%s: scheme %q is not nats, tls, ws or wss", redact.URL(s), u.Scheme)
 	}
 	if u.Hostname() == "" {
-		return nil, fmt.Errorf("%s: no host", redactURL(u))
+		return nil, fmt.Errorf("%s: no host", redact.URL(s))
 	}
 	return u, nil
 }
@@ -230,27 +232,11 @@ func checkReadable(path string) error {
 	return nil
 }
 
-// redactURL returns u with any user info hidden, for logs and errors.
-func redactURL(u *url.URL) string {
-	if u.User == nil {
-		return u.String()
-	}
-	r := *u
-	r.User = url.User("REDACTED")
-	return r.String()
-}
-
-// redactURLs returns the comma-separated server list with user info hidden.
-func redactURLs(list string) string {
-	parts := strings.Split(list, ",")
-	for i, raw := range parts {
-		if u, err := parseServerURL(raw); err == nil {
-			parts[i] = redactURL(u)
-		} else {
-			parts[i] = "<invalid>"
-		}
-	}
-	return strings.Join(parts, ",")
+// ConnectedURL returns the URL of the server nc is connected to, its user
+// info hidden (nats.go's ConnectedUrlRedacted shows a token given as the
+// user in clear); empty when nc is not connected.
+func ConnectedURL(nc *nats.Conn) string {
+	return redact.URL(nc.ConnectedUrl())
 }
 
 // authMethod names the authentication method of a valid c, for logs.

@@ -1,9 +1,11 @@
 package natsconn
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -92,12 +94,30 @@ func TestDefaultConfig(t *testing.T) {
 	}
 }
 
-func TestRedactURLs(t *testing.T) {
+// TestValidateHidesSecrets: a server list Validate refuses is named in its
+// errors without its password or token, even where url.Parse's own error
+// quotes the raw URL.
+func TestValidateHidesSecrets(t *testing.T) {
 	t.Parallel()
-	got := redactURLs("nats://alice:secret@a:4222, b:4223,nats://tok@c")
-	want := "nats://REDACTED@a:4222,nats://b:4223,nats://REDACTED@c"
-	if got != want {
-		t.Errorf("redactURLs = %q, want %q", got, want)
+	for _, u := range []string{
+		"nats://user:s3cr3t@host:42x22",
+		"nats://a:4222, nats://user:s3cr3t@host:42x22",
+		"user:s3cr3t@host:42x22",
+		"nats://s3cr3t@host:42x22",
+		"nats://user:s3%zzcr3t@host:4222",
+		"ftp://user:s3cr3t@host:4222",
+		"nats://user:s3cr3t@:4222",
+	} {
+		cfg := DefaultConfig()
+		cfg.URL = u
+		err := cfg.Validate()
+		if !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("Validate(URL %q) = %v, want ErrInvalidConfig", u, err)
+			continue
+		}
+		if strings.Contains(err.Error(), "s3cr3t") || strings.Contains(err.Error(), "%zz") {
+			t.Errorf("Validate(URL %q) = %q: shows the secret", u, err)
+		}
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+
+	"github.com/workermon/workermon/internal/redact"
 )
 
 // Connect connects to the servers of cfg and waits until the first
@@ -20,7 +22,7 @@ import (
 // A nil logger discards the connection's logs.
 func Connect(ctx context.Context, cfg Config, logger *slog.Logger) (*nats.Conn, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("natsconn: connect %s: %w", redactURLs(cfg.URL), err)
+		return nil, fmt.Errorf("natsconn: connect %s: %w", redact.URLs(cfg.URL), err)
 	}
 	nc, h, err := dial(cfg, logger)
 	if err != nil {
@@ -28,7 +30,7 @@ func Connect(ctx context.Context, cfg Config, logger *slog.Logger) (*nats.Conn, 
 	}
 	if err := waitConnected(ctx, nc, h.lastError); err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("natsconn: connect %s: %w", redactURLs(cfg.URL), err)
+		return nil, fmt.Errorf("natsconn: connect %s: %w", redact.URLs(cfg.URL), err)
 	}
 	return nc, nil
 }
@@ -52,7 +54,7 @@ func dial(cfg Config, logger *slog.Logger) (*nats.Conn, *handlers, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	servers := redactURLs(cfg.URL)
+	servers := redact.URLs(cfg.URL)
 	h := newHandlers(logger)
 	opts, err := cfg.options(h)
 	if err != nil {

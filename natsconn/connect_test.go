@@ -180,6 +180,30 @@ func TestConnectToken(t *testing.T) {
 	}
 }
 
+// TestConnectTokenInURL: a token given as the URL's user connects, and
+// neither the logs nor ConnectedURL show it (nats.go's ConnectedUrlRedacted
+// would: it hides passwords only).
+func TestConnectTokenInURL(t *testing.T) {
+	t.Parallel()
+	opts := natstest.Options(t)
+	opts.Authorization = "tok-s3cr3t"
+	s := natstest.Start(t, opts)
+
+	logs := newCapture(slog.LevelDebug)
+	cfg := testConfig(strings.Replace(s.ClientURL(), "nats://", "nats://tok-s3cr3t@", 1))
+	nc := connectT(t, cfg, logs.logger())
+	roundTrip(t, nc)
+	if got := ConnectedURL(nc); strings.Contains(got, "s3cr3t") || !strings.Contains(got, "@127.0.0.1") {
+		t.Errorf("ConnectedURL = %q", got)
+	}
+	logs.waitFor(t, slog.LevelInfo, "nats: connected")
+	for _, r := range logs.all() {
+		if strings.Contains(fmt.Sprint(r), "s3cr3t") {
+			t.Errorf("log record shows the token: %+v", r)
+		}
+	}
+}
+
 func TestConnectNKey(t *testing.T) {
 	t.Parallel()
 	ukp, err := nkeys.CreateUser()

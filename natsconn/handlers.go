@@ -37,7 +37,7 @@ func newHandlers(log *slog.Logger) *handlers {
 // endOutage returns the attributes describing the outage that just ended, and
 // starts afresh. h.mu is held.
 func (h *handlers) endOutage(nc *nats.Conn) []any {
-	attrs := []any{"url", nc.ConnectedUrlRedacted(), "server", nc.ConnectedServerName(),
+	attrs := []any{"url", ConnectedURL(nc), "server", nc.ConnectedServerName(),
 		"server_version", nc.ConnectedServerVersion()}
 	if !h.downSince.IsZero() {
 		attrs = append(attrs,
@@ -150,5 +150,5 @@ func (h *handlers) asyncError(_ *nats.Conn, sub *nats.Subscription, err error) {
 
 func (h *handlers) lameDuck(nc *nats.Conn) {
 	h.log.Warn("nats: server entering lame duck mode; will move to another server",
-		"url", nc.ConnectedUrlRedacted(), "server", nc.ConnectedServerName())
+		"url", ConnectedURL(nc), "server", nc.ConnectedServerName())
 }

@@ -37,7 +37,7 @@ func CheckServer(ctx context.Context, nc *nats.Conn) error {
 	version := nc.ConnectedServerVersion()
 	if tooOld(version) {
 		return fmt.Errorf("%w: nats-server %s at %s is too old: workermon needs NATS server %s or later",
-			ErrServerUnsupported, version, nc.ConnectedUrlRedacted(), MinServerVersion)
+			ErrServerUnsupported, version, ConnectedURL(nc), MinServerVersion)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -46,7 +46,7 @@ func CheckServer(ctx context.Context, nc *nats.Conn) error {
 	_, err = js.AccountInfo(ctx)
 	if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
 		return fmt.Errorf("%w: JetStream is disabled on nats-server %s at %s: workermon needs JetStream (nats-server -js) on NATS server %s or later",
-			ErrServerUnsupported, version, nc.ConnectedUrlRedacted(), MinServerVersion)
+			ErrServerUnsupported, version, ConnectedURL(nc), MinServerVersion)
 	}
 	return nil
 }

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"net/url"
 	"strings"
 	"time"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/redact"
 	"github.com/workermon/workermon/registry"
 )
 
@@ -271,9 +271,9 @@ func WithRegistryReplicas(n int) Option {
 // the error wraps ErrInvalidConfig.
 func CheckEndpoint(endpoint string) (string, error) {
 	fail := func(why string) (string, error) {
-		return "", fmt.Errorf("publisher: check endpoint %q: %s: %w", endpoint, why, ErrInvalidConfig)
+		return "", fmt.Errorf("publisher: check endpoint %q: %s: %w", redact.URL(endpoint), why, ErrInvalidConfig)
 	}
-	u, err := url.Parse(endpoint)
+	u, err := redact.Parse(endpoint) // url.Parse's error would quote the password
 	switch {
 	case err != nil:
 		return fail(err.Error())

@@ -6,9 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
-	"strings"
 	"time"
+
+	"github.com/workermon/workermon/internal/redact"
 )
 
 // checkFlag is the flag every command has (contract §19): parse and
@@ -18,9 +18,6 @@ import (
 // no directory. It is never read from the environment: a WORKERMON_CHECK
 // left in a pod's environment would make every start a check.
 const checkFlag = "check"
-
-// redacted stands for a secret in a check's output.
-const redacted = "<redacted>"
 
 // checkRequest is the --check of one command.
 type checkRequest struct {
@@ -84,74 +81,9 @@ func checkFlags(fs *flag.FlagSet) map[string]any {
 		case time.Duration:
 			v = t.String()
 		case string:
-			v = redactValue(f.Name, t)
+			v = redact.Value(f.Name, t)
 		}
 		out[f.Name] = v
 	})
 	return out
-}
-
-// secretFlag reports whether the flag name carries a secret itself: its
-// last word is password, token or secret (--nats-password, --admin-token;
-// not --active-prefill-tokens-threshold). A file that holds one is shown as
-// its path (--nats-creds, --nats-tls-key), never what it holds.
-func secretFlag(name string) bool {
-	last := name[strings.LastIndex(name, "-")+1:]
-	return last == "password" || last == "token" || last == "secret"
-}
-
-// redactValue hides a secret flag's value, and the password of every URL in
-// a URL flag's value (comma-separated lists too).
-func redactValue(name, v string) string {
-	if v == "" {
-		return v
-	}
-	if secretFlag(name) {
-		return redacted
-	}
-	if strings.Contains(name, "url") {
-		return redactURLs(v)
-	}
-	return v
-}
-
-// redactURLs replaces the password, or a token given as the user, of each
-// URL in a comma-separated list.
-func redactURLs(list string) string {
-	parts := strings.Split(list, ",")
-	for i, p := range parts {
-		parts[i] = redactURL(p)
-	}
-	return strings.Join(parts, ",")
-}
-
-func redactURL(raw string) string {
-	s := strings.TrimSpace(raw)
-	if !strings.Contains(s, "@") {
-		return raw
-	}
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		if !strings.Contains(s, "://") {
-			if u, err = url.Parse("nats://" + s); err == nil && u.User != nil {
-				return strings.TrimPrefix(redactUserinfo(u), "nats://")
-			}
-		}
-		// Not a URL that can be taken apart: hide what is before the @.
-		_, host, _ := strings.Cut(s, "@")
-		return redacted + "@" + host
-	}
-	return redactUserinfo(u)
-}
-
-// redactUserinfo keeps a user name that has a password beside it and hides
-// the password; a lone user part may be a token and is hidden.
-func redactUserinfo(u *url.URL) string {
-	user := redacted
-	if _, ok := u.User.Password(); ok {
-		user = url.User(u.User.Username()).String() + ":" + redacted
-	}
-	bare := *u
-	bare.User = nil
-	return u.Scheme + "://" + user + "@" + strings.TrimPrefix(bare.String(), u.Scheme+"://")
 }

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/workermon/workermon/internal/redact"
 )
 
 // errUsage marks errors in the command line or environment.
@@ -94,7 +96,8 @@ func flagsFromEnv(fs *flag.FlagSet, names []string, aliases map[string]string) e
 			return
 		}
 		if err := fs.Set(name, v); err != nil {
-			errs = append(errs, fmt.Errorf("%w: %s=%q: %v", errUsage, env, v, err))
+			// The value, and Set's error that may quote it, through redact.
+			errs = append(errs, fmt.Errorf("%w: %s=%q: %v", errUsage, env, redact.Value(name, v), redact.Error(err, v)))
 			return
 		}
 		given[name] = true

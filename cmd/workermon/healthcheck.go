@@ -7,9 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
+
+	"github.com/workermon/workermon/internal/redact"
 )
 
 // Defaults of `workermon healthcheck`.
@@ -37,12 +38,12 @@ func (o *healthcheckOptions) flags(fs *flag.FlagSet) {
 
 func (o healthcheckOptions) validate() error {
 	var errs []error
-	u, err := url.Parse(o.url)
+	u, err := redact.Parse(o.url) // url.Parse's error would quote the password
 	switch {
 	case err != nil:
-		errs = append(errs, fmt.Errorf("%w: --url %q: %v", errUsage, o.url, err))
+		errs = append(errs, fmt.Errorf("%w: --url: %v", errUsage, err))
 	case u.Scheme != "http" && u.Scheme != "https", u.Host == "":
-		errs = append(errs, fmt.Errorf("%w: --url %q: want http://host[:port]/path", errUsage, o.url))
+		errs = append(errs, fmt.Errorf("%w: --url %q: want http://host[:port]/path", errUsage, redact.URL(o.url)))
 	}
 	if o.timeout <= 0 {
 		errs = append(errs, fmt.Errorf("%w: --timeout %v must be positive", errUsage, o.timeout))
@@ -68,20 +69,20 @@ func runHealthcheck(ctx context.Context, args []string, stdout, stderr io.Writer
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, o.url, nil)
 	if err != nil {
-		return fmt.Errorf("healthcheck: %w", err)
+		return fmt.Errorf("healthcheck: %w", redact.Error(err, o.url))
 	}
 	// A fresh transport: no proxy from the environment, no kept connection.
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	resp, err := client.Do(req)
 	if err != nil {
-		return fmt.Errorf("healthcheck: GET %s: %w", o.url, err)
+		return fmt.Errorf("healthcheck: GET %s: %w", redact.URL(o.url), redact.Error(err, o.url))
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, healthcheckBodyLimit))
 	text := strings.TrimSpace(string(body))
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return fmt.Errorf("healthcheck: GET %s: %s: %s", o.url, resp.Status, text)
+		return fmt.Errorf("healthcheck: GET %s: %s: %s", redact.URL(o.url), resp.Status, text)
 	}
-	fmt.Fprintf(stdout, "%s: %s %s\n", o.url, resp.Status, text)
+	fmt.Fprintf(stdout, "%s: %s %s\n", redact.URL(o.url), resp.Status, text)
 	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/httplimit"
+	"github.com/workermon/workermon/internal/redact"
 	"github.com/workermon/workermon/internal/watchmetrics"
 	"github.com/workermon/workermon/natsconn"
 	"github.com/workermon/workermon/registry"
@@ -189,13 +190,13 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	if check.on {
-		return check.report(stdout, o.validate(), map[string]any{"nats": redactURLs(o.resolvedNATS().URL)})
+		return check.report(stdout, o.validate(), map[string]any{"nats": redact.URLs(o.resolvedNATS().URL)})
 	}
 	svc, err := startRouter(o, log, newRegistry())
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "workermon router: NATS %s, proxy http://%s, board http://%s/\n", svc.natsURL, svc.httpAddr, svc.httpAddr)
+	fmt.Fprintf(stdout, "workermon router: NATS %s, proxy http://%s, board http://%s/\n", redact.URLs(svc.natsURL), svc.httpAddr, svc.httpAddr)
 	return serveUntil(ctx, log, svc.failed, svc.Close)
 }
 
@@ -316,7 +317,7 @@ func startRouter(o routerOptions, log *slog.Logger, reg *prometheus.Registry) (_
 		return nil, err
 	}
 	svc.httpAddr = svc.http.addr
-	log.Info("router started", "nats", svc.natsURL, "http", svc.httpAddr, "router_id", cfg.RouterID,
+	log.Info("router started", "nats", redact.URLs(svc.natsURL), "http", svc.httpAddr, "router_id", cfg.RouterID,
 		"reject_status", cfg.RejectStatus, "shed_status", cfg.ShedStatus, "stale_list_after", o.staleListAfter, "fail_open", o.failOpen,
 		"migration_limit", cfg.MigrationLimit, "queue_max_wait", cfg.QueueMaxWait, "queue_max_requests", cfg.QueueMaxRequests,
 		"queue_pace", cfg.QueuePace, "publish", o.estimates.publish, "pick", o.pick)

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/workermon/workermon/internal/redact"
 	"github.com/workermon/workermon/natsconn"
 	"github.com/workermon/workermon/scrape"
 	"github.com/workermon/workermon/scrape/adapter"
@@ -121,7 +122,7 @@ func runScrape(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "workermon scrape: %s %s -> model %s, worker %d\n", o.engine, o.metricsURL, o.model, *o.workerID)
+	fmt.Fprintf(stdout, "workermon scrape: %s %s -> model %s, worker %d\n", o.engine, redact.URL(o.metricsURL), o.model, *o.workerID)
 	if svc.http != nil {
 		fmt.Fprintf(stdout, "workermon scrape: http://%s/metrics\n", svc.http.addr)
 	}
@@ -177,7 +178,7 @@ func startScrape(ctx context.Context, o scrapeOptions, log *slog.Logger, reg *pr
 	if svc.http != nil {
 		httpAddr = svc.http.addr
 	}
-	log.Info("scrape started", "engine", o.engine, "metrics_url", o.metricsURL, "model", o.model,
+	log.Info("scrape started", "engine", o.engine, "metrics_url", redact.URL(o.metricsURL), "model", o.model,
 		"worker_id", cfg.WorkerID, "endpoint", o.endpoint, "interval", o.interval,
 		"silence_after", adapter.SilenceAfter(o.interval), "http", httpAddr)
 	return svc, nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/internal/httplimit"
+	"github.com/workermon/workermon/internal/redact"
 	"github.com/workermon/workermon/monitor"
 	"github.com/workermon/workermon/natsconn"
 )
@@ -172,7 +173,7 @@ func (o serveOptions) resolved() map[string]any {
 	if o.natsURL == "" {
 		r["nats"] = "embedded server on " + o.embedded.Addr + ", JetStream store " + o.embedded.DataDir
 	} else {
-		r["nats"] = redactURLs(o.natsURL)
+		r["nats"] = redact.URLs(o.natsURL)
 	}
 	return r
 }
@@ -190,6 +191,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "workermon monitor: NATS %s, API http://%s, board http://%s/\n", svc.natsURL, svc.httpAddr, svc.httpAddr)
+	fmt.Fprintf(stdout, "workermon monitor: NATS %s, API http://%s, board http://%s/\n", redact.URLs(svc.natsURL), svc.httpAddr, svc.httpAddr)
 	return serveUntil(ctx, log, svc.failed, svc.Close)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/kvbucket"
+	"github.com/workermon/workermon/internal/redact"
 	"github.com/workermon/workermon/monitor"
 	"github.com/workermon/workermon/natsconn"
 	"github.com/workermon/workermon/overrides"
@@ -267,7 +268,7 @@ func startService(ctx context.Context, o serveOptions, log *slog.Logger, reg *pr
 		return nil, err
 	}
 	svc.httpAddr = svc.http.addr
-	log.Info("monitor started", "nats", url, "http", svc.httpAddr, "monitor_id", o.writer.MonitorID,
+	log.Info("monitor started", "nats", redact.URLs(url), "http", svc.httpAddr, "monitor_id", o.writer.MonitorID,
 		"warmup", o.writer.Warmup, "heartbeat", o.writer.Heartbeat, "stale_after", o.monitor.StaleAfter,
 		"gone_after", o.monitor.GoneAfter, "thresholds", thresholdsAttr(o.monitor.Defaults),
 		"partitions", o.partitions, "lease_ttl", o.leaseTTL, "release_margin", o.monitor.ReleaseMargin,

@@ -102,7 +102,7 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg := o.watch
 	cfg.JetStream, cfg.Out, cfg.Model = js, stdout, o.model
 	cfg.Logger = log.With("component", "watch")
-	cfg.Header = nc.ConnectedUrlRedacted() + " (nats-server " + nc.ConnectedServerVersion() + ")"
+	cfg.Header = natsconn.ConnectedURL(nc) + " (nats-server " + nc.ConnectedServerVersion() + ")"
 	if f, ok := stdout.(*os.File); ok && !o.plain && isTerminal(f) && os.Getenv("TERM") != "dumb" {
 		cfg.Mode = watch.Screen
 		// https://no-color.org: a set NO_COLOR turns colours off.

@@ -35,6 +35,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/redact"
 	"github.com/workermon/workermon/internal/retry"
 	"github.com/workermon/workermon/publisher"
 	"github.com/workermon/workermon/scrape"
@@ -145,7 +146,7 @@ func (c Config) Validate() error {
 		bad("mapping: nil (the engine: %v)", scrape.Engines())
 	}
 	if u, err := url.Parse(c.MetricsURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		bad("metrics URL %q: not an absolute http or https URL", c.MetricsURL)
+		bad("metrics URL %q: not an absolute http or https URL", redact.URL(c.MetricsURL))
 	}
 	if err := events.ValidateModel(c.Model); err != nil {
 		bad("model: %v", err)
@@ -246,7 +247,7 @@ func Start(cfg Config) (*Adapter, error) {
 		log:     log,
 		metrics: m,
 		client:  client,
-		scrapes: retry.NewErrLog(log.With("url", cfg.MetricsURL), slog.LevelWarn, "adapter: scrape engine metrics"),
+		scrapes: retry.NewErrLog(log.With("url", redact.URL(cfg.MetricsURL)), slog.LevelWarn, "adapter: scrape engine metrics"),
 		ranks:   retry.NewErrLog(log, slog.LevelWarn, "adapter: publish ranks"),
 		done:    make(chan struct{}),
 	}
@@ -342,7 +343,7 @@ func (a *Adapter) scrape(ctx context.Context) (r result) {
 	begin := time.Now()
 	defer func() { r.duration = time.Since(begin) }()
 	fail := func(reason string, err error) result {
-		return result{reason: reason, err: fmt.Errorf("adapter: scrape %s: %w: %w", a.cfg.MetricsURL, ErrScrape, err)}
+		return result{reason: reason, err: redact.Error(fmt.Errorf("adapter: scrape %s: %w: %w", redact.URL(a.cfg.MetricsURL), ErrScrape, err), a.cfg.MetricsURL)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,6 +23,7 @@ import (
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/natstest"
 	"github.com/workermon/workermon/internal/promtest"
+	"github.com/workermon/workermon/internal/syncbuf"
 	"github.com/workermon/workermon/publisher"
 	"github.com/workermon/workermon/scrape"
 	"github.com/workermon/workermon/scrape/adapter"
@@ -573,6 +575,36 @@ func TestFailureReasons(t *testing.T) {
 	}
 }
 
+// TestScrapeErrorHidesCredentials: a metrics URL's token (given as the
+// user, which net/http's error shows) is in neither the status's error nor
+// the logs of a failing scrape.
+func TestScrapeErrorHidesCredentials(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	eng := newEngine(t, nil)
+	eng.srv.Close()
+	var logs syncbuf.Buffer
+	c := e.config(scrape.VLLM{}, strings.Replace(eng.url(), "http://", "http://s3cr3t@", 1))
+	c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	reg := prometheus.NewRegistry()
+	c.Registerer = reg
+	a := start(t, c)
+	natstest.WaitFor(t, waitTimeout, "a failed scrape", func() bool {
+		v, _ := promtest.Value(t, reg, "workermon_scrape_failures_total", map[string]string{"reason": adapter.ReasonRequest})
+		return v >= 1
+	})
+	st := a.Status()
+	if st.LastError == nil || strings.Contains(st.LastError.Error(), "s3cr3t") {
+		t.Errorf("status error %v: want one without the token", st.LastError)
+	}
+	if err := a.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(logs.String(), "s3cr3t") {
+		t.Errorf("logs show the token:\n%s", logs.String())
+	}
+}
+
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -594,6 +626,10 @@ func TestConfigValidate(t *testing.T) {
 		{"negative timeout", func(c *adapter.Config) { c.Timeout = -time.Second }, false},
 		{"zero body bound", func(c *adapter.Config) { c.MaxBodyBytes = 0 }, false},
 		{"bad prefix", func(c *adapter.Config) { c.SubjectPrefix = "a..b" }, false},
+		{"URL with a password, bad port", func(c *adapter.Config) { c.MetricsURL = "http://u:s3cr3t@h:80x0/metrics" }, false},
+		{"URL with a token, no host", func(c *adapter.Config) { c.MetricsURL = "http://s3cr3t@/metrics" }, false},
+		{"endpoint with credentials", func(c *adapter.Config) { c.Endpoint = "http://u:s3cr3t@h:8000" }, false},
+		{"endpoint with a password, bad port", func(c *adapter.Config) { c.Endpoint = "http://u:s3cr3t@h:80x0" }, false},
 	}
 	for _, tt := range tests {
 		c := good
@@ -601,6 +637,9 @@ func TestConfigValidate(t *testing.T) {
 		err := c.Validate()
 		if tt.ok != (err == nil) {
 			t.Errorf("%s: Validate = %v", tt.name, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cr3t") {
+			t.Errorf("%s: Validate = %v: shows the secret", tt.name, err)
 		}
 		if err != nil && !errors.Is(err, adapter.ErrInvalidConfig) && !errors.Is(err, publisher.ErrInvalidConfig) {
 			t.Errorf("%s: %v does not wrap ErrInvalidConfig", tt.name, err)
