@@ -339,7 +339,11 @@ func sparse(h *[events.LatencyMaxBucket + 1]atomic.Uint64) []events.LatencyBucke
 // RunLatency publishes the Router's latency windows (contract §18) every
 // window until ctx ends: one report per worker with samples, on
 // <prefix>.latr.<model_key>.<worker_id> with source router/<Config.RouterID>.
-// publish sends one message; its errors are logged at a limited rate.
+// publish sends one message; its errors are logged at a limited rate. It
+// should fail rather than buffer while the connection is down (the
+// workermon router checks nc.IsConnected): a window buffered in an outage
+// would reach the monitors with the reconnect's burst, long after its
+// interval.
 func (rt *Router) RunLatency(ctx context.Context, prefix string, window time.Duration, publish func(subject string, data []byte) error) error {
 	if window <= 0 {
 		return fmt.Errorf("router: latency window %v must be positive", window)

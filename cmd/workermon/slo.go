@@ -317,12 +317,32 @@ func fmtOff(p *float64) string {
 // startRouterLatency publishes the router's latency windows (contract §18)
 // on <prefix>.latr.… every second, and returns what stops it.
 func startRouterLatency(rt *router.Router, nc *nats.Conn, prefix string, log *slog.Logger) func() {
+	publish := publishWhileConnected(nc)
 	stop, done := goLoop(func(ctx context.Context) error {
-		return rt.RunLatency(ctx, prefix, router.DefaultLatencyWindow, nc.Publish)
+		return rt.RunLatency(ctx, prefix, router.DefaultLatencyWindow, publish)
 	}, log, "latency windows")
 	return func() {
 		stop()
 		<-done
+	}
+}
+
+// publishWhileConnected publishes on nc only while it is connected: a
+// latency window is for the interval it was measured in, and one that nc
+// buffered while disconnected would reach the monitors with the burst of a
+// reconnect, its rejections counted in an interval long after. The monitors
+// drop windows older than --stale-after; this keeps the fresh part of a
+// long outage's buffer out too. The connection keeps its reconnect buffer
+// (nats.ReconnectBufSize(-1) would make every other publish of the router
+// fail during a blip as well: the slot tracker's estimates, the queue's
+// reports); a window published in the instant between the check and a
+// disconnect may still be buffered, and is then the monitors' to drop.
+func publishWhileConnected(nc *nats.Conn) func(subject string, data []byte) error {
+	return func(subject string, data []byte) error {
+		if !nc.IsConnected() {
+			return fmt.Errorf("latency window not sent while NATS is %s: %w", nc.Status(), nats.ErrDisconnected)
+		}
+		return nc.Publish(subject, data)
 	}
 }
 
