@@ -34,11 +34,13 @@ type sloOptions struct {
 	interval time.Duration
 	decode   floatRange
 	prefill  uintRange
+	maxSLOs  int
 }
 
 func defaultSLOOptions() sloOptions {
 	return sloOptions{
 		interval: sloctl.DefaultInterval,
+		maxSLOs:  sloctl.DefaultMaxSLOs,
 		decode:   floatRange{slo.DefaultDecodeMin, slo.DefaultDecodeMax},
 		prefill:  uintRange{slo.DefaultPrefillMin, slo.DefaultPrefillMax},
 	}
@@ -48,6 +50,7 @@ func (o *sloOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.interval, "slo-interval", o.interval, "the SLO controller moves a model's thresholds at most once per interval")
 	fs.Var(&o.decode, "slo-decode-range", "range MIN-MAX the SLO controller keeps the decode threshold in")
 	fs.Var(&o.prefill, "slo-prefill-range", "range MIN-MAX (tokens) the SLO controller keeps the prefill threshold in")
+	fs.IntVar(&o.maxSLOs, "max-slos", o.maxSLOs, "most models with an SLO; a new SLO beyond is refused")
 }
 
 // controllerConfig checks the options and returns the controller's bounds.
@@ -58,6 +61,9 @@ func (o sloOptions) controllerConfig() (slo.Config, error) {
 	var errs []error
 	if o.interval <= 0 {
 		errs = append(errs, fmt.Errorf("serve: --slo-interval %v must be positive", o.interval))
+	}
+	if o.maxSLOs < 1 {
+		errs = append(errs, fmt.Errorf("serve: --max-slos %d must be at least 1", o.maxSLOs))
 	}
 	if err := c.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("serve: --slo-decode-range or --slo-prefill-range: %w", err))
@@ -138,13 +144,13 @@ func startSLO(o sloOptions, js jetstream.JetStream, replicas, partitions int, mo
 		return nil, err
 	}
 	scfg := overrides.DefaultSLOStoreConfig()
-	scfg.JetStream, scfg.Replicas = js, replicas
+	scfg.JetStream, scfg.Replicas, scfg.Max = js, replicas, o.maxSLOs
 	store, err := overrides.NewSLOStore(scfg)
 	if err != nil {
 		return nil, err
 	}
 	cfg := sloctl.DefaultConfig()
-	cfg.Monitor, cfg.Store, cfg.Controller, cfg.Interval = mon, store, ccfg, o.interval
+	cfg.Monitor, cfg.Store, cfg.Controller, cfg.Interval, cfg.MaxSLOs = mon, store, ccfg, o.interval, o.maxSLOs
 	cfg.Partitions, cfg.Epoch, cfg.MonitorID = partitions, epoch, monitorID
 	cfg.Logger, cfg.Registerer = log, reg
 	ctl, err := sloctl.New(cfg)

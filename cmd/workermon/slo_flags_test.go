@@ -37,3 +37,16 @@ func TestSLOPrefillRangeBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestMaxSLOsFlag: --max-slos below 1 is refused at start.
+func TestMaxSLOsFlag(t *testing.T) {
+	t.Parallel()
+	o := defaultSLOOptions()
+	if _, err := o.controllerConfig(); err != nil || o.maxSLOs != 1024 {
+		t.Fatalf("defaults: --max-slos %d, %v", o.maxSLOs, err)
+	}
+	o.maxSLOs = 0
+	if _, err := o.controllerConfig(); err == nil || !strings.Contains(err.Error(), "--max-slos") {
+		t.Errorf("--max-slos 0: %v", err)
+	}
+}
