@@ -130,11 +130,19 @@ func (h *handler) postSLO(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := h.context(r)
 	defer cancel()
 	if err := h.cfg.SLOs.Put(ctx, v); err != nil {
+		if errors.Is(err, overrides.ErrTooManySLOs) {
+			tooManySLOs("the SLO bucket holds the most SLOs allowed").write(w)
+			return
+		}
 		sloStoreError(err).write(w)
 		return
 	}
 	if h.cfg.OnSLOChange != nil {
 		if err := h.cfg.OnSLOChange(ctx, v.Model, v, false); err != nil {
+			if errors.Is(err, overrides.ErrTooManySLOs) {
+				tooManySLOs("the SLO is stored, but the monitor's controller has the most SLOs allowed and does not control it").write(w)
+				return
+			}
 			monitorError(fmt.Errorf("the SLO is stored but not applied yet: %w", err)).write(w)
 			return
 		}
@@ -306,6 +314,13 @@ func (h *handler) controlledThresholds(ctx context.Context, model string, applie
 func sloConflict(model string) *httpError {
 	return errorf(http.StatusConflict, fmt.Sprintf("model %q is under an enforced SLO (GET /slo?model=%s): the SLO controller sets its "+
 		"thresholds; delete the SLO or set its mode to shadow first (its stored override is kept and applies again then)", model, model))
+}
+
+// tooManySLOs is the 429 of an SLO beyond --max-slos: each SLO costs a
+// status write every --slo-interval and metric series.
+func tooManySLOs(what string) *httpError {
+	return errorf(http.StatusTooManyRequests, "too many SLOs: "+what+
+		" (--max-slos of workermon serve); delete an SLO first (GET /slo lists them) or raise --max-slos")
 }
 
 // sloStoreError answers a failure of the SLO bucket.

@@ -3,7 +3,9 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 
@@ -16,6 +18,7 @@ type fakeSLOs struct {
 	mu       sync.Mutex
 	slos     map[string]overrides.SLO
 	statuses map[string]overrides.SLOStatus
+	max      int // 0: no cap
 }
 
 func newFakeSLOs() *fakeSLOs {
@@ -32,6 +35,9 @@ func (f *fakeSLOs) Get(_ context.Context, model string) (overrides.SLO, bool, er
 func (f *fakeSLOs) Put(_ context.Context, v overrides.SLO) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if _, ok := f.slos[v.Model]; !ok && f.max > 0 && len(f.slos) >= f.max {
+		return fmt.Errorf("fake: %w", overrides.ErrTooManySLOs)
+	}
 	f.slos[v.Model] = v
 	return nil
 }
@@ -221,5 +227,36 @@ func TestThresholdsUnderEnforcedSLO(t *testing.T) {
 	rec = f.do(t, request{method: "POST", target: "/busy_threshold", body: `{"model":"` + testModel + `"}`})
 	if raw = nil; json.Unmarshal(rec.Body.Bytes(), &raw) != nil || raw["controlled_by"] != nil {
 		t.Fatalf("controlled_by present under shadow: %s", rec.Body)
+	}
+}
+
+// TestSLOTooMany: a new SLO beyond the cap (--max-slos) answers 429 with an
+// error that says what to do, from the bucket's check or the controller's;
+// replacing an SLO at the cap is fine.
+func TestSLOTooMany(t *testing.T) {
+	t.Parallel()
+	f, slos, _ := newSLOFixture(t, "")
+	slos.max = 1
+	if rec := f.do(t, request{method: "POST", target: "/slo", body: `{"model":"a","itl_ms":50}`}); rec.Code != http.StatusOK {
+		t.Fatalf("first SLO: %d %s", rec.Code, rec.Body)
+	}
+	rec := f.do(t, request{method: "POST", target: "/slo", body: `{"model":"b","itl_ms":50}`})
+	if rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), "--max-slos") {
+		t.Errorf("an SLO beyond the cap: %d %s, want 429 naming --max-slos", rec.Code, rec.Body)
+	}
+	if rec := f.do(t, request{method: "POST", target: "/slo", body: `{"model":"a","itl_ms":70}`}); rec.Code != http.StatusOK {
+		t.Errorf("replacing an SLO at the cap: %d %s", rec.Code, rec.Body)
+	}
+
+	// The controller's own cap (the bucket holds SLOs it does not count).
+	g := newFixture(t, "", func(c *Config) {
+		c.SLOs = newFakeSLOs()
+		c.OnSLOChange = func(context.Context, string, overrides.SLO, bool) error {
+			return fmt.Errorf("controller: %w", overrides.ErrTooManySLOs)
+		}
+	})
+	rec = g.do(t, request{method: "POST", target: "/slo", body: `{"model":"b","itl_ms":50}`})
+	if rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), "--max-slos") {
+		t.Errorf("an SLO beyond the controller's cap: %d %s, want 429 naming --max-slos", rec.Code, rec.Body)
 	}
 }

@@ -28,6 +28,12 @@ const (
 	// clock (contract §3): accepted, a new boot_id would lock the worker's
 	// real reports out as a dead boot.
 	rejectFuture = "future_sent_at"
+	// rejectStaleWindow: a latency window sent more than --stale-after
+	// before the monitor's clock (contract §18 merges fresh windows only):
+	// a connection that buffered it while disconnected delivers it late,
+	// with a burst of others, and its samples and rejections are not the
+	// current interval's.
+	rejectStaleWindow = "stale_window"
 )
 
 // fromFuture reports whether a message sent at sentAt (Unix nanoseconds)

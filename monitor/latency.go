@@ -9,7 +9,8 @@ import (
 	"github.com/workermon/workermon/slo"
 )
 
-// Latency windows (contract §18): the monitor adds up the windows of each
+// Latency windows (contract §18): a window sent more than --stale-after
+// ago is dropped (rejectStaleWindow); the monitor adds up the windows of each
 // (model, worker, source) between two calls of DrainLatency, which the SLO
 // controller makes once per --slo-interval; the windows of the models it
 // does not control are dropped at each drain too, so nothing grows. A
@@ -45,6 +46,9 @@ const maxLatencyEntries = 1 << 14
 func (s *state) applyLatency(r *events.LatencyReport, now time.Time) string {
 	if s.fromFuture(r.SentAt, now) {
 		return rejectFuture
+	}
+	if r.SentAt < now.UnixNano()-int64(s.cfg.StaleAfter) {
+		return rejectStaleWindow
 	}
 	lm := s.lat[r.Model]
 	if lm == nil {

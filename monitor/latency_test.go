@@ -40,12 +40,13 @@ func (h *harness) latency(r events.LatencyReport) {
 func TestLatencyWindowsMerge(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := startHarness(t, nil)
+		sent := time.Now().UnixNano() // one window of each router: fresh (not older than --stale-after)
 		itl := func(k uint8, n uint64) []events.LatencyBucket { return []events.LatencyBucket{{K: k, N: n}} }
 		// Worker 1: engine and two routers; worker 2: engine only.
 		h.latency(events.LatencyReport{Model: testModel, WorkerID: 1, Source: events.SourceEngine, ITL: itl(10, 100)})
-		h.latency(events.LatencyReport{Model: testModel, WorkerID: 1, Source: "router/a", ITL: itl(20, 5), Rejected: 3, Queued: 1, SentAt: 100})
-		h.latency(events.LatencyReport{Model: testModel, WorkerID: 1, Source: "router/b", ITL: itl(20, 7), Rejected: 2, SentAt: 100})
-		h.latency(events.LatencyReport{Model: testModel, WorkerID: 2, Source: "router/a", Rejected: 3, Queued: 1, SentAt: 100})
+		h.latency(events.LatencyReport{Model: testModel, WorkerID: 1, Source: "router/a", ITL: itl(20, 5), Rejected: 3, Queued: 1, SentAt: sent})
+		h.latency(events.LatencyReport{Model: testModel, WorkerID: 1, Source: "router/b", ITL: itl(20, 7), Rejected: 2, SentAt: sent})
+		h.latency(events.LatencyReport{Model: testModel, WorkerID: 2, Source: "router/a", Rejected: 3, Queued: 1, SentAt: sent})
 		h.latency(events.LatencyReport{Model: testModel, WorkerID: 3, Source: events.SourceEngine, TTFT: itl(40, 9)})
 		ws, err := h.m.DrainLatency(context.Background())
 		if err != nil {
@@ -85,12 +86,13 @@ func TestLatencyWindowsMerge(t *testing.T) {
 func TestLatencyRouterSourcesCapped(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := startHarness(t, nil)
+		sent := time.Now().UnixNano()
 		for i := range maxLatencySources { // one router source per worker
 			h.latency(events.LatencyReport{Model: testModel, WorkerID: uint64(i + 1), Source: fmt.Sprintf("router/r%d", i),
-				ITL: []events.LatencyBucket{{K: 10, N: 1}}, SentAt: 100})
+				ITL: []events.LatencyBucket{{K: 10, N: 1}}, SentAt: sent})
 		}
 		h.latency(events.LatencyReport{Model: testModel, WorkerID: 1, Source: "router/one-too-many",
-			ITL: []events.LatencyBucket{{K: 90, N: 1000}}, Rejected: 50, SentAt: 100})
+			ITL: []events.LatencyBucket{{K: 90, N: 1000}}, Rejected: 50, SentAt: sent})
 		if got := h.rejected(rejectSources); got != 1 {
 			t.Errorf("%s = %v, want 1", rejectSources, got)
 		}

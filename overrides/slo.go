@@ -96,12 +96,20 @@ type SLOStoreConfig struct {
 	Replicas int
 	// Timeout bounds each method call, on top of the caller's ctx. > 0.
 	Timeout time.Duration
+	// Max bounds the SLOs the bucket holds (--max-slos): an SLO may name a
+	// model not seen yet, and each costs a status write every interval, so
+	// a new SLO beyond it is refused with ErrTooManySLOs. > 0.
+	Max int
 }
+
+// DefaultMaxSLOs is SLOStoreConfig.Max by default, and --max-slos: the
+// monitor's --max-models.
+const DefaultMaxSLOs = 1024
 
 // DefaultSLOStoreConfig returns a config with every default set; the
 // caller must still set JetStream.
 func DefaultSLOStoreConfig() SLOStoreConfig {
-	return SLOStoreConfig{Bucket: SLOBucket, Replicas: 1, Timeout: DefaultTimeout}
+	return SLOStoreConfig{Bucket: SLOBucket, Replicas: 1, Timeout: DefaultTimeout, Max: DefaultMaxSLOs}
 }
 
 // Validate reports every problem of the configuration, joined.
@@ -109,6 +117,9 @@ func (c SLOStoreConfig) Validate() error {
 	errs := kvbucket.Check("overrides: slo store", c.JetStream, c.Bucket, c.Replicas)
 	if c.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("overrides: slo store: timeout %v is not positive", c.Timeout))
+	}
+	if c.Max <= 0 {
+		errs = append(errs, fmt.Errorf("overrides: slo store: max %d is not positive", c.Max))
 	}
 	return errors.Join(errs...)
 }
@@ -158,7 +169,9 @@ func (s *SLOStore) Get(ctx context.Context, model string) (SLO, bool, error) {
 	return v, err == nil, err
 }
 
-// Put replaces a model's SLO.
+// Put replaces a model's SLO. A new SLO when the bucket holds Max already
+// is refused with ErrTooManySLOs (several monitors creating SLOs at once
+// may pass Max by a few).
 func (s *SLOStore) Put(ctx context.Context, v SLO) error {
 	if err := v.Validate(); err != nil {
 		return err
@@ -172,7 +185,24 @@ func (s *SLOStore) Put(ctx context.Context, v SLO) error {
 		return err
 	}
 	defer cancel()
-	if _, err := kv.Put(ctx, events.ModelKey(v.Model), data); err != nil {
+	key := events.ModelKey(v.Model)
+	if _, err := kv.Get(ctx, key); errors.Is(err, jetstream.ErrKeyNotFound) {
+		n := 0
+		if err := kvbucket.ReadAll(ctx, kv, func(e jetstream.KeyValueEntry) {
+			if !strings.HasSuffix(e.Key(), statusSuffix) {
+				n++
+			}
+		}); err != nil {
+			return fmt.Errorf("overrides: count slos: %w", err)
+		}
+		if n >= s.cfg.Max {
+			return fmt.Errorf("overrides: slo of %.80q: the bucket holds %d SLOs, the most allowed (--max-slos): %w",
+				v.Model, n, ErrTooManySLOs)
+		}
+	} else if err != nil {
+		return fmt.Errorf("overrides: get slo of %q: %w", v.Model, err)
+	}
+	if _, err := kv.Put(ctx, key, data); err != nil {
 		return fmt.Errorf("overrides: put slo of %q: %w", v.Model, err)
 	}
 	return nil

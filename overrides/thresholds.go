@@ -43,6 +43,10 @@ var (
 	// ErrTooManyCordons is returned by CordonStore.Cordon when the bucket
 	// already holds CordonStoreConfig.Max cordons.
 	ErrTooManyCordons = errors.New("overrides: too many cordons")
+	// ErrTooManySLOs is returned by SLOStore.Put when the bucket already
+	// holds SLOStoreConfig.Max SLOs, and by the SLO controller when it
+	// controls its most models.
+	ErrTooManySLOs = errors.New("overrides: too many slos")
 	// ErrBadSLO marks a stored SLO or status that does not decode or check.
 	ErrBadSLO = errors.New("overrides: invalid slo")
 	// ErrStatusConflict is returned by SLOStore.PutStatus when the status

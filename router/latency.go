@@ -49,8 +49,39 @@ type latEntry struct {
 
 // latModel counts a model's answers that never reached a worker.
 type latModel struct {
-	rejected, queued atomic.Uint64
+	rejected, queued latCounter
 }
+
+// latCounter is a count of a model's window. The drain takes it with one
+// swap, so that a count is in exactly one window; when it forgets an idle
+// model it marks both counters forgotten (under latencyBook.mu), and a
+// count that finds its counter so, taken from the map before the model went
+// out of it, is made again on the model as the map now has it.
+type latCounter struct{ n atomic.Uint64 }
+
+// latForgotten marks a counter of a model the drain has forgotten: no count
+// goes into it any more. A window's count never comes near it.
+const latForgotten = 1 << 63
+
+// add counts one, unless the counter is forgotten.
+func (c *latCounter) add() bool {
+	for {
+		n := c.n.Load()
+		if n&latForgotten != 0 {
+			return false
+		}
+		if c.n.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// take returns the count and starts the next window at 0. Only the drain
+// calls it, on models of the map, which are never forgotten.
+func (c *latCounter) take() uint64 { return c.n.Swap(0) }
+
+// forget marks the counter forgotten if it is at 0.
+func (c *latCounter) forget() bool { return c.n.CompareAndSwap(0, latForgotten) }
 
 // latencyBook holds the windows; its zero value is ready. Safe for
 // concurrent use: a stream looks its entry up once, then locks only that
@@ -111,25 +142,30 @@ func (b *latencyBook) loadModels() map[string]*latModel {
 	return nil
 }
 
-func (b *latencyBook) model(model string) *latModel {
-	if m := b.loadModels()[model]; m != nil {
-		return m
+// count adds one to the counter of model that c picks, without a lock when
+// the model is known and not being forgotten.
+func (b *latencyBook) count(model string, c func(*latModel) *latCounter) {
+	if m := b.loadModels()[model]; m != nil && c(m).add() {
+		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	// Under mu no model of the map is forgotten: the drain forgets a model
+	// and takes it out of the map in one hold of mu.
 	old := b.loadModels()
 	if m := old[model]; m != nil {
-		return m
+		c(m).add()
+		return
 	}
 	if len(old) >= maxLatencyEntries {
-		return nil
+		return
 	}
 	m := &latModel{}
+	c(m).add()
 	next := make(map[string]*latModel, len(old)+1)
 	maps.Copy(next, old)
 	next[model] = m
 	b.models.Store(&next)
-	return m
 }
 
 // begin starts timing a stream dispatched at start; the zero latStream
@@ -176,21 +212,15 @@ func (s *latStream) text(now time.Time) {
 
 // reject counts a rejected request of model.
 func (b *latencyBook) reject(model string) {
-	if !b.on.Load() {
-		return
-	}
-	if m := b.model(model); m != nil {
-		m.rejected.Add(1)
+	if b.on.Load() {
+		b.count(model, func(m *latModel) *latCounter { return &m.rejected })
 	}
 }
 
 // queue counts a request of model that waited in the queue (contract §17).
 func (b *latencyBook) queue(model string) {
-	if !b.on.Load() {
-		return
-	}
-	if m := b.model(model); m != nil {
-		m.queued.Add(1)
+	if b.on.Load() {
+		b.count(model, func(m *latModel) *latCounter { return &m.queued })
 	}
 }
 
@@ -204,7 +234,14 @@ func (b *latencyBook) drain(source string, window time.Duration, now time.Time, 
 		keys = append(keys, k)
 	}
 	b.mu.RUnlock()
+	// Rejections and queueing: each count taken once, in one swap, so that
+	// one counted meanwhile is in this window or the next, never lost.
+	type counts struct{ rejected, queued uint64 }
 	models := b.loadModels()
+	taken := make(map[string]counts, len(models))
+	for name, m := range models {
+		taken[name] = counts{m.rejected.take(), m.queued.take()}
+	}
 	slices.SortFunc(keys, func(a, c latKey) int {
 		return cmp.Or(cmp.Compare(a.model, c.model), cmp.Compare(a.worker, c.worker))
 	})
@@ -212,12 +249,6 @@ func (b *latencyBook) drain(source string, window time.Duration, now time.Time, 
 	windowMs := uint64(max(window.Milliseconds(), 1))
 	var out []events.LatencyReport
 	reported := map[string]bool{}
-	counts := func(model string) (uint64, uint64) {
-		if m := models[model]; m != nil {
-			return m.rejected.Load(), m.queued.Load()
-		}
-		return 0, 0
-	}
 	for _, k := range keys {
 		b.mu.RLock()
 		e := b.entries[k]
@@ -238,11 +269,16 @@ func (b *latencyBook) drain(source string, window time.Duration, now time.Time, 
 	}
 	// Rejections and queueing: the same in every report of the model.
 	for i := range out {
-		out[i].Rejected, out[i].Queued = counts(out[i].Model)
+		c := taken[out[i].Model]
+		out[i].Rejected, out[i].Queued = c.rejected, c.queued
 	}
-	for name := range models {
-		rej, q := counts(name)
-		if rej == 0 && q == 0 || reported[name] {
+	var idle []string
+	for name, c := range taken {
+		if c.rejected == 0 && c.queued == 0 {
+			idle = append(idle, name)
+			continue
+		}
+		if reported[name] {
 			continue
 		}
 		workers := workersOf(name)
@@ -250,16 +286,7 @@ func (b *latencyBook) drain(source string, window time.Duration, now time.Time, 
 			continue
 		}
 		out = append(out, events.LatencyReport{Model: name, WorkerID: workers[0], Source: source, WindowMs: windowMs,
-			Rejected: rej, Queued: q, SentAt: sentAt})
-	}
-	// The models idle for the whole window are forgotten; the others
-	// stay, so that their next rejection does not allocate.
-	var idle []string
-	for name, m := range models {
-		rej, q := m.rejected.Swap(0), m.queued.Swap(0)
-		if rej == 0 && q == 0 {
-			idle = append(idle, name)
-		}
+			Rejected: c.rejected, Queued: c.queued, SentAt: sentAt})
 	}
 	// Entries of a window without samples nor streams in progress are
 	// dropped, so that workers gone from the registry do not stay.
@@ -272,12 +299,26 @@ func (b *latencyBook) drain(source string, window time.Duration, now time.Time, 
 			e.mu.Unlock()
 		}
 	}
-	if len(idle) > 0 {
-		// A rejection counted between the swap and the store is lost.
-		next := maps.Clone(b.loadModels())
-		for _, name := range idle {
-			delete(next, name)
+	// The models idle for the whole window are forgotten; the others
+	// stay, so that their next rejection does not allocate. One counted
+	// since the swap stays too: it is in the next window. A count that
+	// finds a forgotten counter waits for mu and is made on a new model.
+	var next map[string]*latModel
+	for _, name := range idle {
+		m := models[name]
+		if !m.rejected.forget() {
+			continue
 		}
+		if !m.queued.forget() {
+			m.rejected.n.Store(0) // no count went in while it was marked
+			continue
+		}
+		if next == nil {
+			next = maps.Clone(b.loadModels())
+		}
+		delete(next, name)
+	}
+	if next != nil {
 		b.models.Store(&next)
 	}
 	b.mu.Unlock()
@@ -298,7 +339,11 @@ func sparse(h *[events.LatencyMaxBucket + 1]atomic.Uint64) []events.LatencyBucke
 // RunLatency publishes the Router's latency windows (contract §18) every
 // window until ctx ends: one report per worker with samples, on
 // <prefix>.latr.<model_key>.<worker_id> with source router/<Config.RouterID>.
-// publish sends one message; its errors are logged at a limited rate.
+// publish sends one message; its errors are logged at a limited rate. It
+// should fail rather than buffer while the connection is down (the
+// workermon router checks nc.IsConnected): a window buffered in an outage
+// would reach the monitors with the reconnect's burst, long after its
+// interval.
 func (rt *Router) RunLatency(ctx context.Context, prefix string, window time.Duration, publish func(subject string, data []byte) error) error {
 	if window <= 0 {
 		return fmt.Errorf("router: latency window %v must be positive", window)

@@ -33,6 +33,10 @@ const (
 	// DefaultPrefillMin and DefaultPrefillMax are --slo-prefill-range.
 	DefaultPrefillMin = 1024
 	DefaultPrefillMax = 1048576
+	// MaxPrefill bounds the top of --slo-prefill-range: 2^53, the largest
+	// range of whole numbers float64 holds exactly (the busy rules and the
+	// steps compute in float64), far above any engine's batch.
+	MaxPrefill = 1 << 53
 	// DefaultInfeasibleAfter is k: this many steps down in a row without
 	// attainment improving make the target infeasible.
 	DefaultInfeasibleAfter = 5
@@ -130,6 +134,9 @@ func (c Config) Validate() error {
 	}
 	if c.PrefillMin == 0 || c.PrefillMin > c.PrefillMax {
 		bad("prefill range %d-%d must satisfy 0 < min <= max", c.PrefillMin, c.PrefillMax)
+	}
+	if c.PrefillMax > MaxPrefill {
+		bad("prefill range %d-%d must end at or below %d tokens (2^53)", c.PrefillMin, c.PrefillMax, uint64(MaxPrefill))
 	}
 	if c.InfeasibleAfter < 1 {
 		bad("infeasible after %d steps must be at least 1", c.InfeasibleAfter)
@@ -473,11 +480,11 @@ func (s Status) move(c Config, d int, speedUp bool) (Status, Move) {
 	f := 1 + c.PrefillGain*step
 	if d > 0 {
 		s.Suggested.Decode += step
-		s.Suggested.Prefill = uint64(math.Round(float64(s.Suggested.Prefill) * f))
+		s.Suggested.Prefill = clampPrefill(c, math.Round(float64(s.Suggested.Prefill)*f))
 		s.State = StateRaising
 	} else {
 		s.Suggested.Decode -= s.Step
-		s.Suggested.Prefill = uint64(math.Round(float64(s.Suggested.Prefill) / f))
+		s.Suggested.Prefill = clampPrefill(c, math.Round(float64(s.Suggested.Prefill)/f))
 		s.State = StateLowering
 	}
 	s.Suggested = clamp(c, s.Suggested)
@@ -496,6 +503,20 @@ func (s Status) move(c Config, d int, speedUp bool) (Status, Move) {
 	}
 	s.Dir, s.Holds = d, 0
 	return s, Move(d)
+}
+
+// clampPrefill turns a prefill threshold computed in float64 back into a
+// whole number, clamped into the prefill range first: a product past 2^64
+// has no uint64 (amd64 converts it to 2^63), which would drop a threshold
+// near the top of a wide range and make the controller step up for ever.
+func clampPrefill(c Config, v float64) uint64 {
+	switch {
+	case !(v < float64(c.PrefillMax)): // NaN too; float64(MaxUint64) is 2^64
+		return c.PrefillMax
+	case v <= float64(c.PrefillMin):
+		return c.PrefillMin
+	}
+	return uint64(v)
 }
 
 func clamp(c Config, t Thresholds) Thresholds {

@@ -3,11 +3,19 @@
 // monitor gathered, and for each model with an SLO whose partition this
 // monitor holds it loads the controller's status (from <model_key>.status
 // in the workermon-slo bucket on the first round of a lease, so that a
-// takeover continues from it), moves the thresholds (slo.Next), writes the
-// status by compare-and-set under the partition's epoch, and under
-// `enforce` hands the thresholds to the monitor. Under `shadow`, and when
-// an SLO is deleted, the monitor gets the model back (its override and the
-// defaults apply again).
+// takeover continues from it) and claims it (a compare-and-set re-put under
+// its epoch, so that a late write of the previous holder fails, contract
+// §10), moves the thresholds (slo.Next), writes the status by
+// compare-and-set under the partition's epoch, and under `enforce` hands
+// the thresholds to the monitor. Under `shadow`, and when an SLO is
+// deleted, the monitor gets the model back (its override and the defaults
+// apply again).
+//
+// No lock is held across a bucket call: a round reads and writes the
+// bucket on its own, and takes the controller's lock only to check that a
+// model's SLO did not change meanwhile and to hand thresholds to the
+// monitor, so that SetSLO (the API, the bucket's watcher) never waits for
+// a round's writes, and waits for the rest no longer than its ctx allows.
 package sloctl
 
 import (
@@ -15,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
@@ -30,9 +39,18 @@ import (
 // DefaultInterval is --slo-interval: at most one move per interval.
 const DefaultInterval = 2 * time.Second
 
+// DefaultMaxSLOs is --max-slos: the most models with an SLO, each a status
+// write every interval and a few metric series (the monitor's
+// --max-models by default).
+const DefaultMaxSLOs = overrides.DefaultMaxSLOs
+
 // maxBackoff caps the wait between rounds while the SLO bucket cannot be
 // reached.
 const maxBackoff = 30 * time.Second
+
+// claimAttempts bounds the compare-and-set attempts of claiming a status
+// that keeps changing.
+const claimAttempts = 8
 
 // bucketError marks a failure to reach the SLO bucket (not a conflict, not
 // a bad value): every other model's call would wait for the same timeout,
@@ -76,6 +94,9 @@ type Config struct {
 	Controller slo.Config
 	// Interval is --slo-interval. > 0.
 	Interval time.Duration
+	// MaxSLOs is --max-slos: SetSLO refuses a model beyond it with
+	// overrides.ErrTooManySLOs. > 0.
+	MaxSLOs int
 	// Partitions is --partitions.
 	Partitions int
 	// Epoch returns the epoch of partition p while this monitor may write
@@ -90,7 +111,7 @@ type Config struct {
 
 // DefaultConfig returns a Config with the defaults of §18.
 func DefaultConfig() Config {
-	return Config{Controller: slo.DefaultConfig(), Interval: DefaultInterval, Partitions: 1}
+	return Config{Controller: slo.DefaultConfig(), Interval: DefaultInterval, MaxSLOs: DefaultMaxSLOs, Partitions: 1}
 }
 
 // Validate reports every problem of c.
@@ -107,6 +128,9 @@ func (c Config) Validate() error {
 	}
 	if c.Interval <= 0 {
 		errs = append(errs, fmt.Errorf("interval %v must be positive", c.Interval))
+	}
+	if c.MaxSLOs < 1 {
+		errs = append(errs, fmt.Errorf("max slos %d must be at least 1", c.MaxSLOs))
 	}
 	if c.Partitions < 1 {
 		errs = append(errs, fmt.Errorf("partitions %d must be at least 1", c.Partitions))
@@ -125,9 +149,19 @@ type held struct {
 	status overrides.SLOStatus
 	rev    uint64
 	epoch  uint64
+	// gen is the generation of the SLO it was taken up under: a change of
+	// the SLO since makes the next round take the model up again.
+	gen uint64
 	// pool adds up the windows of intervals with too few samples (kept in
 	// memory only: a new holder starts pooling again).
 	pool slo.Pool
+}
+
+// slot is a model's SLO as the controller has it, with the generation of
+// its last change.
+type slot struct {
+	v   overrides.SLO
+	gen uint64
 }
 
 // Controller runs the SLO controllers of the models this monitor holds.
@@ -135,13 +169,20 @@ type Controller struct {
 	cfg     Config
 	log     *slog.Logger
 	metrics *metrics
-	// errs logs the failures of rounds at a limited rate (under mu).
+	// errs logs the failures of rounds at a limited rate (under rounds).
 	errs *retry.ErrLog
 
-	// mu orders a round against the changes of the SLOs.
-	mu   sync.Mutex
-	slos map[string]overrides.SLO
-	held map[string]*held
+	// rounds orders the rounds and take-ups (Run's loop, Round, Adopt);
+	// held is theirs.
+	rounds sync.Mutex
+	held   map[string]*held
+
+	// lock (a channel of one, so that it is taken with a ctx) guards what
+	// follows. It is held for in-memory work and the monitor's calls only,
+	// never across a call of the bucket.
+	lock chan struct{}
+	slos map[string]slot
+	gen  uint64 // the last generation given
 	// applied are the models whose thresholds this controller handed to
 	// the monitor.
 	applied map[string]bool
@@ -159,7 +200,8 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	c := &Controller{cfg: cfg, log: cfg.Logger, slos: map[string]overrides.SLO{}, held: map[string]*held{}, applied: map[string]bool{}, unreleased: map[string]bool{}}
+	c := &Controller{cfg: cfg, log: cfg.Logger, lock: make(chan struct{}, 1), slos: map[string]slot{},
+		held: map[string]*held{}, applied: map[string]bool{}, unreleased: map[string]bool{}}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
@@ -172,20 +214,46 @@ func New(cfg Config) (*Controller, error) {
 	return c, nil
 }
 
+// acquire takes the controller's lock, or gives up when ctx ends first.
+func (c *Controller) acquire(ctx context.Context) error {
+	select {
+	case c.lock <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case c.lock <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("sloctl: wait for the controller: %w", ctx.Err())
+	}
+}
+
+func (c *Controller) unlock() { <-c.lock }
+
 // SetSLO records a change of a model's SLO (the bucket's watcher and the
 // API call it). A deleted SLO, or one in shadow mode, gives the model's
 // thresholds back to the monitor at once; when that fails, the controller
-// gives them back later (Adopt, Round), until it succeeds.
+// gives them back later (Adopt, Round), until it succeeds. A new model
+// beyond Config.MaxSLOs is refused with overrides.ErrTooManySLOs. It waits
+// for no call of the bucket, and for the rest (a round handing thresholds
+// to the monitor) no longer than ctx allows.
 func (c *Controller) SetSLO(ctx context.Context, model string, v overrides.SLO, deleted bool) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	if err := c.acquire(ctx); err != nil {
+		return err
+	}
+	defer c.unlock()
 	if deleted {
 		delete(c.slos, model)
-		delete(c.held, model)
 		delete(c.applied, model)
 		c.metrics.forget(model)
 	} else {
-		c.slos[model] = v
+		if _, ok := c.slos[model]; !ok && len(c.slos) >= c.cfg.MaxSLOs {
+			return fmt.Errorf("sloctl: slo of %q: the controller has %d SLOs, the most allowed (--max-slos): %w",
+				model, len(c.slos), overrides.ErrTooManySLOs)
+		}
+		c.gen++
+		c.slos[model] = slot{v: v, gen: c.gen}
 	}
 	delete(c.unreleased, model)
 	if deleted || !v.Enforced() {
@@ -197,11 +265,35 @@ func (c *Controller) SetSLO(ctx context.Context, model string, v overrides.SLO, 
 	return nil
 }
 
+// current reports whether model's SLO is still the one of generation gen.
+// Under lock.
+func (c *Controller) current(model string, gen uint64) bool {
+	s, ok := c.slos[model]
+	return ok && s.gen == gen
+}
+
+// snapshot returns the SLOs to work on, after the give-backs SetSLO could
+// not make (whose first failure it reports), and forgets the held state of
+// the models whose SLO is gone.
+func (c *Controller) snapshot(ctx context.Context) (map[string]slot, error) {
+	if err := c.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer c.unlock()
+	err := c.giveBack(ctx)
+	for model := range c.held {
+		if _, ok := c.slos[model]; !ok {
+			delete(c.held, model)
+		}
+	}
+	return maps.Clone(c.slos), err
+}
+
 // giveBack retries the give-backs SetSLO could not make. It reports the
-// first failure.
+// first failure. Under lock.
 func (c *Controller) giveBack(ctx context.Context) error {
 	for model := range c.unreleased {
-		if v, ok := c.slos[model]; ok && v.Enforced() {
+		if s, ok := c.slos[model]; ok && s.v.Enforced() {
 			delete(c.unreleased, model) // enforced again since
 			continue
 		}
@@ -255,31 +347,30 @@ func (c *Controller) Run(ctx context.Context) error {
 // Round drains the latency windows and moves every held model's
 // thresholds once. When the SLO bucket cannot be reached the round stops
 // at the first model that finds it so (the others keep their thresholds
-// and move next round), so that the lock, and with it SetSLO, is not held
-// for a timeout per model.
+// and move next round), so as not to spend a timeout per model.
 func (c *Controller) Round(ctx context.Context) { c.round(ctx) }
 
 // round is Round; it reports false when the SLO bucket could not be
 // reached.
 func (c *Controller) round(ctx context.Context) bool {
+	c.rounds.Lock()
+	defer c.rounds.Unlock()
 	windows, err := c.cfg.Monitor.DrainLatency(ctx)
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if err != nil {
 		c.errs.Fail(fmt.Errorf("read the latency windows: %w", err))
 		return true
 	}
-	first := c.giveBack(ctx)
+	slos, first := c.snapshot(ctx)
 	failed, skipped := 0, 0
 	if first != nil {
 		failed++
 	}
-	for model, v := range c.slos {
+	for model, s := range slos {
 		if first != nil && isBucketError(first) {
 			skipped++
 			continue
 		}
-		if err := c.step(ctx, model, v, windows[model]); err != nil {
+		if err := c.step(ctx, model, s, windows[model]); err != nil {
 			failed++
 			if first == nil || isBucketError(err) {
 				first = fmt.Errorf("model %q: %w", model, err)
@@ -294,8 +385,10 @@ func (c *Controller) round(ctx context.Context) bool {
 	return true
 }
 
-// step moves one model's thresholds.
-func (c *Controller) step(ctx context.Context, model string, v overrides.SLO, w *slo.Window) error {
+// step moves one model's thresholds: the bucket calls without the lock,
+// then, under it, the thresholds to the monitor unless the SLO changed
+// meanwhile (the next round takes it up again).
+func (c *Controller) step(ctx context.Context, model string, s slot, w *slo.Window) error {
 	epoch := c.cfg.Epoch(events.Partition(model, c.cfg.Partitions))
 	h := c.held[model]
 	if epoch == 0 {
@@ -303,12 +396,13 @@ func (c *Controller) step(ctx context.Context, model string, v overrides.SLO, w 
 		// continues from the status).
 		return c.release(ctx, model)
 	}
-	if h == nil || h.epoch != epoch {
+	if h == nil || h.epoch != epoch || h.gen != s.gen {
 		var err error
-		if h, err = c.adopt(ctx, model, v, epoch); h == nil || err != nil {
+		if h, err = c.adopt(ctx, model, s, epoch); h == nil || err != nil {
 			return err
 		}
 	}
+	v := s.v
 	if w == nil {
 		w = &slo.Window{}
 	}
@@ -333,6 +427,14 @@ func (c *Controller) step(ctx context.Context, model string, v overrides.SLO, w 
 		return err
 	}
 	h.status, h.rev = st, rev
+	if err := c.acquire(ctx); err != nil {
+		return err
+	}
+	defer c.unlock()
+	if !c.current(model, s.gen) {
+		delete(c.held, model) // changed or deleted meanwhile: taken up again next round
+		return nil
+	}
 	var th *slo.Thresholds
 	if v.Enforced() {
 		th = st.Applied
@@ -347,57 +449,96 @@ func (c *Controller) step(ctx context.Context, model string, v overrides.SLO, w 
 
 // adopt starts controlling a model whose partition this monitor holds
 // under epoch: from its status in the bucket (a takeover continues from
-// there), else from the monitor's thresholds clamped into the ranges. Under
-// enforce the status's thresholds apply at once, before the first move. It
-// returns nil when a newer holder writes the status.
-func (c *Controller) adopt(ctx context.Context, model string, v overrides.SLO, epoch uint64) (*held, error) {
+// there), else from the monitor's thresholds clamped into the ranges. It
+// claims the status first (contract §10, as the busy records are claimed):
+// a compare-and-set re-put as found with this monitor's id and epoch,
+// updated_at kept, or a create of the first status, retried with the
+// status as found again when the compare-and-set fails; from then on a
+// late write of the previous holder fails. Under enforce a found status's
+// thresholds apply at once, before the first move. It returns nil when a
+// newer holder writes the status.
+func (c *Controller) adopt(ctx context.Context, model string, s slot, epoch uint64) (*held, error) {
 	st, rev, err := c.cfg.Store.Status(ctx, model)
-	if err != nil && !errors.Is(err, overrides.ErrBadSLO) {
-		return nil, bucketError{err}
-	}
-	if rev != 0 && st.Epoch > epoch {
-		return nil, c.release(ctx, model) // a newer holder writes it
-	}
-	if rev == 0 || err != nil || st.Controller.Step == 0 {
-		base, err := c.cfg.Monitor.BaseThresholds(ctx, model)
-		if err != nil {
-			return nil, err
+	found := false
+	for attempt := 0; ; attempt++ {
+		if err != nil && !errors.Is(err, overrides.ErrBadSLO) {
+			return nil, bucketError{err}
 		}
-		st = overrides.SLOStatus{Model: model, Controller: slo.Start(c.cfg.Controller, base.ActiveDecodeBlocks, base.ActivePrefillTokens)}
+		good := rev != 0 && err == nil // a status that decodes
+		if good && (st.Epoch > epoch || st.Epoch == epoch && st.MonitorID != c.cfg.MonitorID) {
+			return nil, c.release(ctx, model) // a newer holder writes it
+		}
+		found = good && st.Controller.Step != 0
+		if good && st.Epoch == epoch {
+			break // claimed by this monitor already (the SLO changed since)
+		}
+		claim := st
+		if !found {
+			base, err := c.cfg.Monitor.BaseThresholds(ctx, model)
+			if err != nil {
+				return nil, err
+			}
+			start := slo.Start(c.cfg.Controller, base.ActiveDecodeBlocks, base.ActivePrefillTokens)
+			claim = overrides.SLOStatus{Model: model, State: start.State, Suggested: start.Suggested,
+				UpdatedAt: c.cfg.Now().UnixNano(), Controller: start}
+		}
+		claim.MonitorID, claim.Epoch = c.cfg.MonitorID, epoch
+		nrev, perr := c.cfg.Store.PutStatus(ctx, claim, rev)
+		if perr == nil {
+			st, rev = claim, nrev
+			break
+		}
+		if !errors.Is(perr, overrides.ErrStatusConflict) {
+			return nil, bucketError{perr}
+		}
+		if attempt+1 >= claimAttempts {
+			return nil, fmt.Errorf("claim the status: it kept changing: %w", perr)
+		}
+		st, rev, err = c.cfg.Store.Status(ctx, model) // claim it as it is now
 	}
-	h := &held{status: st, rev: rev, epoch: epoch}
+	h := &held{status: st, rev: rev, epoch: epoch, gen: s.gen}
 	c.held[model] = h
-	if v.Enforced() && rev != 0 {
-		applied := st.Controller.Suggested
-		if err := c.cfg.Monitor.SetControlled(ctx, model, &applied); err != nil {
-			return h, err
-		}
-		c.applied[model] = true
+	if !s.v.Enforced() || !found {
+		return h, nil
 	}
+	if err := c.acquire(ctx); err != nil {
+		return h, err
+	}
+	defer c.unlock()
+	if !c.current(model, s.gen) {
+		delete(c.held, model)
+		return nil, nil
+	}
+	applied := st.Controller.Suggested
+	if err := c.cfg.Monitor.SetControlled(ctx, model, &applied); err != nil {
+		return h, err
+	}
+	c.applied[model] = true
 	return h, nil
 }
 
 // Adopt takes up, without moving them, the models whose partition this
 // monitor has come to hold since the last round, so that their thresholds
 // apply as soon as the partition is held rather than at the next round;
-// Run calls it between rounds.
+// Run calls it between rounds. Taking a model up claims its status.
 // It stops at the first model that finds the SLO bucket unreachable.
 func (c *Controller) Adopt(ctx context.Context) { c.adoptAll(ctx) }
 
 // adoptAll is Adopt; it reports false when the SLO bucket could not be
 // reached.
 func (c *Controller) adoptAll(ctx context.Context) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.giveBack(ctx); err != nil {
+	c.rounds.Lock()
+	defer c.rounds.Unlock()
+	slos, err := c.snapshot(ctx)
+	if err != nil {
 		c.errs.Fail(err)
 	}
-	for model, v := range c.slos {
+	for model, s := range slos {
 		epoch := c.cfg.Epoch(events.Partition(model, c.cfg.Partitions))
-		if h := c.held[model]; epoch == 0 || h != nil && h.epoch == epoch {
+		if h := c.held[model]; epoch == 0 || h != nil && h.epoch == epoch && h.gen == s.gen {
 			continue
 		}
-		if _, err := c.adopt(ctx, model, v, epoch); err != nil {
+		if _, err := c.adopt(ctx, model, s, epoch); err != nil {
 			c.errs.Fail(fmt.Errorf("take up model %q: %w", model, err))
 			if isBucketError(err) {
 				return false
@@ -411,6 +552,10 @@ func (c *Controller) adoptAll(ctx context.Context) bool {
 // thresholds back to the monitor.
 func (c *Controller) release(ctx context.Context, model string) error {
 	delete(c.held, model)
+	if err := c.acquire(ctx); err != nil {
+		return err
+	}
+	defer c.unlock()
 	if _, ok := c.applied[model]; !ok {
 		return nil
 	}

@@ -256,7 +256,8 @@ func TestTakeoverContinuesFromStatus(t *testing.T) {
 
 // TestAdoptAppliesAtOnce: a monitor that comes to hold a model's partition
 // applies the thresholds of its status at once (Adopt, between rounds),
-// without moving them or writing the status.
+// without moving them; it claims the status (its id and epoch, the rest as
+// found) and writes nothing else.
 func TestAdoptAppliesAtOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -278,7 +279,12 @@ func TestAdoptAppliesAtOnce(t *testing.T) {
 	if got := e.mon.controlled[model]; got == nil || *got != prev.Suggested {
 		t.Fatalf("adopted %+v, want %+v", got, prev.Suggested)
 	}
-	if e.store.rev[model] != 3 {
-		t.Error("Adopt wrote the status")
+	st := e.store.st[model]
+	if e.store.rev[model] != 4 || st.Epoch != 2 || st.MonitorID != "mon-a" || st.Controller.Suggested != prev.Suggested {
+		t.Errorf("after Adopt: status %+v at revision %d, want it claimed once (revision 4) as it was", st, e.store.rev[model])
+	}
+	e.c.Adopt(ctx)
+	if e.store.rev[model] != 4 {
+		t.Error("a second Adopt wrote the status again")
 	}
 }

@@ -34,11 +34,13 @@ type sloOptions struct {
 	interval time.Duration
 	decode   floatRange
 	prefill  uintRange
+	maxSLOs  int
 }
 
 func defaultSLOOptions() sloOptions {
 	return sloOptions{
 		interval: sloctl.DefaultInterval,
+		maxSLOs:  sloctl.DefaultMaxSLOs,
 		decode:   floatRange{slo.DefaultDecodeMin, slo.DefaultDecodeMax},
 		prefill:  uintRange{slo.DefaultPrefillMin, slo.DefaultPrefillMax},
 	}
@@ -48,6 +50,7 @@ func (o *sloOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.interval, "slo-interval", o.interval, "the SLO controller moves a model's thresholds at most once per interval")
 	fs.Var(&o.decode, "slo-decode-range", "range MIN-MAX the SLO controller keeps the decode threshold in")
 	fs.Var(&o.prefill, "slo-prefill-range", "range MIN-MAX (tokens) the SLO controller keeps the prefill threshold in")
+	fs.IntVar(&o.maxSLOs, "max-slos", o.maxSLOs, "most models with an SLO; a new SLO beyond is refused")
 }
 
 // controllerConfig checks the options and returns the controller's bounds.
@@ -58,6 +61,9 @@ func (o sloOptions) controllerConfig() (slo.Config, error) {
 	var errs []error
 	if o.interval <= 0 {
 		errs = append(errs, fmt.Errorf("serve: --slo-interval %v must be positive", o.interval))
+	}
+	if o.maxSLOs < 1 {
+		errs = append(errs, fmt.Errorf("serve: --max-slos %d must be at least 1", o.maxSLOs))
 	}
 	if err := c.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("serve: --slo-decode-range or --slo-prefill-range: %w", err))
@@ -138,13 +144,13 @@ func startSLO(o sloOptions, js jetstream.JetStream, replicas, partitions int, mo
 		return nil, err
 	}
 	scfg := overrides.DefaultSLOStoreConfig()
-	scfg.JetStream, scfg.Replicas = js, replicas
+	scfg.JetStream, scfg.Replicas, scfg.Max = js, replicas, o.maxSLOs
 	store, err := overrides.NewSLOStore(scfg)
 	if err != nil {
 		return nil, err
 	}
 	cfg := sloctl.DefaultConfig()
-	cfg.Monitor, cfg.Store, cfg.Controller, cfg.Interval = mon, store, ccfg, o.interval
+	cfg.Monitor, cfg.Store, cfg.Controller, cfg.Interval, cfg.MaxSLOs = mon, store, ccfg, o.interval, o.maxSLOs
 	cfg.Partitions, cfg.Epoch, cfg.MonitorID = partitions, epoch, monitorID
 	cfg.Logger, cfg.Registerer = log, reg
 	ctl, err := sloctl.New(cfg)
@@ -317,12 +323,32 @@ func fmtOff(p *float64) string {
 // startRouterLatency publishes the router's latency windows (contract §18)
 // on <prefix>.latr.… every second, and returns what stops it.
 func startRouterLatency(rt *router.Router, nc *nats.Conn, prefix string, log *slog.Logger) func() {
+	publish := publishWhileConnected(nc)
 	stop, done := goLoop(func(ctx context.Context) error {
-		return rt.RunLatency(ctx, prefix, router.DefaultLatencyWindow, nc.Publish)
+		return rt.RunLatency(ctx, prefix, router.DefaultLatencyWindow, publish)
 	}, log, "latency windows")
 	return func() {
 		stop()
 		<-done
+	}
+}
+
+// publishWhileConnected publishes on nc only while it is connected: a
+// latency window is for the interval it was measured in, and one that nc
+// buffered while disconnected would reach the monitors with the burst of a
+// reconnect, its rejections counted in an interval long after. The monitors
+// drop windows older than --stale-after; this keeps the fresh part of a
+// long outage's buffer out too. The connection keeps its reconnect buffer
+// (nats.ReconnectBufSize(-1) would make every other publish of the router
+// fail during a blip as well: the slot tracker's estimates, the queue's
+// reports); a window published in the instant between the check and a
+// disconnect may still be buffered, and is then the monitors' to drop.
+func publishWhileConnected(nc *nats.Conn) func(subject string, data []byte) error {
+	return func(subject string, data []byte) error {
+		if !nc.IsConnected() {
+			return fmt.Errorf("latency window not sent while NATS is %s: %w", nc.Status(), nats.ErrDisconnected)
+		}
+		return nc.Publish(subject, data)
 	}
 }
 

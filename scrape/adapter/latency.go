@@ -42,6 +42,15 @@ func (a *Adapter) latency(r result, now time.Time) {
 	if len(rep.TTFT) == 0 && len(rep.ITL) == 0 {
 		return
 	}
+	if !a.cfg.Conn.IsConnected() {
+		// Not into the reconnect buffer: a reconnect would deliver the
+		// outage's windows as a burst, each for an interval long past
+		// (the monitors drop those older than --stale-after, but not the
+		// rest). The connection keeps its buffer for the load reports,
+		// whose seq and boot_id order them. The window's samples are
+		// dropped with it.
+		return
+	}
 	if st.enc == nil {
 		st.enc = events.NewEncoder()
 	}
