@@ -30,6 +30,7 @@ import (
 	"helm.sh/helm/v3/pkg/releaseutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -253,6 +254,10 @@ func decodeStrict(manifest string) (object, error) {
 		v = &corev1.Service{}
 	case "v1 ConfigMap":
 		v = &corev1.ConfigMap{}
+	case "v1 Secret":
+		v = &corev1.Secret{}
+	case "networking.k8s.io/v1 NetworkPolicy":
+		v = &networkingv1.NetworkPolicy{}
 	case "policy/v1 PodDisruptionBudget":
 		v = &policyv1.PodDisruptionBudget{}
 	case "monitoring.coreos.com/v1 ServiceMonitor":
