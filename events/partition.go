@@ -36,8 +36,9 @@ type Mapping struct{ From, To string }
 
 // PartitionMappings returns the subject mappings every NATS server of a
 // deployment with n partitions carries (contract §10): load, bye and est
-// subjects (and the latency windows of §18, lat and latr) move under
-// <prefix>.part.<p>, p computed from the model_key token. Publishers keep publishing on the plain subjects.
+// subjects (and the latency windows of §18, lat and latr, and the routers'
+// queues of §22, rq) move under <prefix>.part.<p>, p computed from the
+// model_key token. Publishers keep publishing on the plain subjects.
 func PartitionMappings(prefix string, n int) []Mapping {
 	part := prefix + ".part.{{partition(" + strconv.Itoa(n) + ",1)}}."
 	return []Mapping{
@@ -46,5 +47,6 @@ func PartitionMappings(prefix string, n int) []Mapping {
 		{prefix + ".est.*.*.*", part + "est.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}"},
 		{prefix + ".lat.*.*", part + "lat.{{wildcard(1)}}.{{wildcard(2)}}"},
 		{prefix + ".latr.*.*", part + "latr.{{wildcard(1)}}.{{wildcard(2)}}"},
+		{prefix + ".rq.*", part + "rq.{{wildcard(1)}}"},
 	}
 }

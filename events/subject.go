@@ -98,6 +98,12 @@ func ByeSubject(prefix, model string, workerID uint64) string {
 	return prefix + ".bye." + ModelKey(model) + "." + strconv.FormatUint(workerID, 10)
 }
 
+// RqSubject is the subject a router's queue of one model is published on
+// (contract §22): <prefix>.rq.<model_key>.
+func RqSubject(prefix, model string) string {
+	return prefix + ".rq." + ModelKey(model)
+}
+
 // Wildcard subscribes to every subject under prefix: reports and goodbyes
 // on one subscription keep the order in which one publisher sent them.
 func Wildcard(prefix string) string { return prefix + ".>" }

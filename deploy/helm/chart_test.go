@@ -30,6 +30,7 @@ import (
 	"helm.sh/helm/v3/pkg/releaseutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -253,6 +254,10 @@ func decodeStrict(manifest string) (object, error) {
 		v = &corev1.Service{}
 	case "v1 ConfigMap":
 		v = &corev1.ConfigMap{}
+	case "v1 Secret":
+		v = &corev1.Secret{}
+	case "networking.k8s.io/v1 NetworkPolicy":
+		v = &networkingv1.NetworkPolicy{}
 	case "policy/v1 PodDisruptionBudget":
 		v = &policyv1.PodDisruptionBudget{}
 	case "monitoring.coreos.com/v1 ServiceMonitor":
@@ -750,7 +755,8 @@ func mappingLines(conf string) []string {
 
 // TestNATSConfigParses: nats-server's own parser accepts the rendered
 // nats.conf (the mappings' functions included), with JetStream on the claim
-// and a route to every node.
+// and a route to every node; with the passwords its Secret gives the node,
+// it has one user per role.
 func TestNATSConfigParses(t *testing.T) {
 	t.Setenv("SERVER_NAME", releaseName+"-workermon-nats-0")
 	for name, file := range valueSets(t) {
@@ -771,6 +777,16 @@ func TestNATSConfigParses(t *testing.T) {
 			if cm == nil || sts == nil {
 				t.Fatal("no NATS ConfigMap or StatefulSet")
 			}
+			// The passwords, as the node's secretKeyRefs give them.
+			for _, e := range sts.Spec.Template.Spec.Containers[0].Env {
+				if ref := e.ValueFrom; ref != nil && ref.SecretKeyRef != nil {
+					v := "placeholder-" + ref.SecretKeyRef.Key
+					if secret, _ := r.find("Secret", ref.SecretKeyRef.Name).(*corev1.Secret); secret != nil {
+						v = string(secret.Data[ref.SecretKeyRef.Key])
+					}
+					t.Setenv(e.Name, v)
+				}
+			}
 			path := filepath.Join(t.TempDir(), "nats.conf")
 			if err := os.WriteFile(path, []byte(cm.Data["nats.conf"]), 0o644); err != nil {
 				t.Fatal(err)
@@ -785,6 +801,9 @@ func TestNATSConfigParses(t *testing.T) {
 			}
 			if replicas > 1 && len(opts.Routes) != replicas {
 				t.Errorf("%d routes for %d nodes", len(opts.Routes), replicas)
+			}
+			if auth, _ := nats["auth"].(map[string]any); auth["enabled"] == true && len(opts.Users) != 3 {
+				t.Errorf("%d NATS users, want one per role (monitor, router, engine)", len(opts.Users))
 			}
 			mounts := sts.Spec.Template.Spec.Containers[0].VolumeMounts
 			if !slices.ContainsFunc(mounts, func(m corev1.VolumeMount) bool { return m.MountPath == opts.StoreDir && m.Name == "data" }) {

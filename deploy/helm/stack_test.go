@@ -3,12 +3,14 @@ package helm
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,7 +28,11 @@ import (
 // (the NATS URL, the HTTP port and the bucket replicas made local), and a
 // simulated engine fleet that publishes on the plain subjects. The monitor
 // hears the fleet through the rendered mappings (no unmapped report), both
-// become ready, and the monitor exports the model's busy fraction.
+// become ready, and the monitor exports the model's busy fraction. Each
+// runs as its role's user of the rendered authorization, with the
+// passwords of the rendered Secret as its secretKeyRefs give them (the
+// engines as the engine user), and the server logs no permissions
+// violation: the default permission split lets every role do its work.
 func TestRenderedStackServes(t *testing.T) {
 	r, err := render(t, chartDir, map[string]any{})
 	if err != nil {
@@ -36,12 +42,40 @@ func TestRenderedStackServes(t *testing.T) {
 	if cm == nil {
 		t.Fatal("no NATS ConfigMap")
 	}
+	secret, _ := r.find("Secret", releaseName+"-workermon-nats-auth").(*corev1.Secret)
+	if secret == nil {
+		t.Fatal("no NATS auth Secret")
+	}
+	// secretEnv is a container's variables from the rendered Secret.
+	secretEnv := func(c corev1.Container) []string {
+		var env []string
+		for _, e := range c.Env {
+			switch {
+			case e.ValueFrom == nil:
+				env = append(env, e.Name+"="+e.Value)
+			case e.ValueFrom.SecretKeyRef != nil:
+				if e.ValueFrom.SecretKeyRef.Name != secret.Name {
+					t.Fatalf("%s: %s from the Secret %s, not the rendered one", c.Name, e.Name, e.ValueFrom.SecretKeyRef.Name)
+				}
+				env = append(env, e.Name+"="+string(secret.Data[e.ValueFrom.SecretKeyRef.Key]))
+			}
+		}
+		return env
+	}
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "nats.conf")
 	if err := os.WriteFile(conf, []byte(cm.Data["nats.conf"]), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("SERVER_NAME", releaseName+"-workermon-nats-0")
+	sts, _ := r.find("StatefulSet", releaseName+"-workermon-nats").(*appsv1.StatefulSet)
+	if sts == nil {
+		t.Fatal("no NATS StatefulSet")
+	}
+	for _, kv := range secretEnv(sts.Spec.Template.Spec.Containers[0]) {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
 	opts, err := server.ProcessConfigFile(conf)
 	if err != nil {
 		t.Fatal(err)
@@ -53,6 +87,8 @@ func TestRenderedStackServes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	violations := &violationLog{}
+	ns.SetLoggerV2(violations, false, false, false)
 	go ns.Start()
 	t.Cleanup(ns.Shutdown)
 	if !ns.ReadyForConnections(30 * time.Second) {
@@ -84,9 +120,11 @@ func TestRenderedStackServes(t *testing.T) {
 	}
 	env := []string{"HOME=" + dir, "TMPDIR=" + dir, "WORKERMON_MONITOR_ID=" + fieldRefValues["metadata.name"],
 		"WORKERMON_ROUTER_ID=" + releaseName + "-workermon-router-5c7d8-abcde"}
-	monitor := start(t, env, local(container("monitor")), regexp.MustCompile(`API http://(\S+),`))
-	router := start(t, env, local(container("router")), regexp.MustCompile(`proxy http://(\S+),`))
-	start(t, env, []string{"sim", "--nats-url", url, "--model", "llama", "--workers", "2", "--port-base", "0", "--http-addr", ""}, nil)
+	monitor := start(t, append(secretEnv(container("monitor")), env...), local(container("monitor")), regexp.MustCompile(`API http://(\S+),`))
+	router := start(t, append(secretEnv(container("router")), env...), local(container("router")), regexp.MustCompile(`proxy http://(\S+),`))
+	// The engines as docs/kubernetes.md's sidecar connects: the engine user.
+	engine := append([]string{"WORKERMON_NATS_USER=engine", "WORKERMON_NATS_PASSWORD=" + string(secret.Data["engine-password"])}, env...)
+	start(t, engine, []string{"sim", "--nats-url", url, "--model", "llama", "--workers", "2", "--port-base", "0", "--http-addr", ""}, nil)
 
 	get := func(u string) (int, string) {
 		resp, err := http.Get(u)
@@ -118,7 +156,38 @@ func TestRenderedStackServes(t *testing.T) {
 	if _, body := get("http://" + monitor + "/healthz"); !strings.Contains(body, "unmapped_reports 0") {
 		t.Errorf("reports arrived unmapped: the rendered mappings do not reach the monitor\n%s", body)
 	}
+	if v := violations.lines(); len(v) > 0 {
+		t.Errorf("the NATS server logged permissions violations: a role lacks a permission it uses\n%s", strings.Join(v, "\n"))
+	}
 }
+
+// violationLog is a nats-server logger that keeps the lines about
+// permissions and authorization violations.
+type violationLog struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (l *violationLog) keep(format string, args ...any) {
+	if line := fmt.Sprintf(format, args...); strings.Contains(line, "Violation") {
+		l.mu.Lock()
+		l.seen = append(l.seen, line)
+		l.mu.Unlock()
+	}
+}
+
+func (l *violationLog) lines() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.seen)
+}
+
+func (l *violationLog) Noticef(format string, args ...any) { l.keep(format, args...) }
+func (l *violationLog) Warnf(format string, args ...any)   { l.keep(format, args...) }
+func (l *violationLog) Fatalf(format string, args ...any)  { l.keep(format, args...) }
+func (l *violationLog) Errorf(format string, args ...any)  { l.keep(format, args...) }
+func (l *violationLog) Debugf(format string, args ...any)  {}
+func (l *violationLog) Tracef(format string, args ...any)  {}
 
 // start runs the workermon binary with args and env until the test ends
 // (then SIGTERM); with addr set it returns the address the first matching

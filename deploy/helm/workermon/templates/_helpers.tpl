@@ -77,7 +77,17 @@ password and token come as environment variables (workermon.natsEnv).
 {{- end }}
 {{- end -}}
 
+{{/* natsEnv: pass (dict "ctx" $ "role" "monitor"), the role's user of our own NATS. */}}
 {{- define "workermon.natsEnv" -}}
+{{- $role := .role }}
+{{- with .ctx }}
+{{- if eq (include "workermon.natsAuth" .) "true" }}
+- name: WORKERMON_NATS_USER
+  value: {{ $role }}
+- name: WORKERMON_NATS_PASSWORD
+  valueFrom:
+    secretKeyRef: {name: {{ include "workermon.natsAuthSecret" . }}, key: {{ $role }}-password}
+{{- end }}
 {{- if not .Values.nats.enabled }}
 {{- $ext := .Values.nats.external }}
 {{- if $ext.userPassword.secretName }}
@@ -94,6 +104,91 @@ password and token come as environment variables (workermon.natsEnv).
     secretKeyRef: {name: {{ $ext.token.secretName }}, key: {{ $ext.token.key }}}
 {{- end }}
 {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* natsAuth: "true" when our own NATS has users (nats.auth.enabled). */}}
+{{- define "workermon.natsAuth" -}}
+{{- and .Values.nats.enabled .Values.nats.auth.enabled -}}
+{{- end -}}
+
+{{/* The Secret of our own NATS's passwords: one the chart generates, or nats.auth.existingSecret. */}}
+{{- define "workermon.natsAuthSecret" -}}
+{{- default (printf "%s-nats-auth" (include "workermon.fullname" .)) .Values.nats.auth.existingSecret -}}
+{{- end -}}
+
+{{/*
+The users of our own NATS, one per role, with the permissions that
+`workermon nats-config --users` prints for the same partitions and prefix
+(cmd/workermon/natsconfig.go, natsRoles; the chart's tests compare the two
+as nats-server parses them). The server reads each password from its
+environment, filled from the Secret.
+*/}}
+{{- define "workermon.natsUsers" -}}
+{{- $pre := .Values.subjectPrefix -}}
+{{- $parts := int .Values.partitions -}}
+{{- $all := list "workermon-busy" "workermon-thresholds" "workermon-workers" "workermon-leases" "workermon-cordons" "workermon-slo" -}}
+{{- $watched := list "workermon-busy" "workermon-workers" -}}
+{{- /* monitor: full KV on its six buckets, the takeover's key listing, the migrate requests */ -}}
+{{- $mon := list "$JS.API.INFO" -}}
+{{- range $b := $all -}}
+{{- range $op := list "$KV.%s.>" "$JS.API.STREAM.INFO.KV_%s" "$JS.API.STREAM.CREATE.KV_%s" "$JS.API.CONSUMER.CREATE.KV_%s" "$JS.API.CONSUMER.CREATE.KV_%s.>" "$JS.API.CONSUMER.DELETE.KV_%s.*" "$JS.API.DIRECT.GET.KV_%s" "$JS.API.DIRECT.GET.KV_%s.>" "$JS.FC.KV_%s.>" -}}
+{{- $mon = append $mon (printf $op $b) -}}
+{{- end -}}
+{{- end -}}
+{{- $mon = append $mon "$JS.API.CONSUMER.MSG.NEXT.KV_workermon-busy.*" -}}
+{{- $mon = append $mon (printf "%s.migrate.>" $pre) -}}
+{{- /* router: watches two buckets; its estimates, latency windows and queues (§22) */ -}}
+{{- $rt := list "$JS.API.INFO" -}}
+{{- range $b := $watched -}}
+{{- range $op := list "$JS.API.STREAM.INFO.KV_%s" "$JS.API.CONSUMER.CREATE.KV_%s" "$JS.API.CONSUMER.CREATE.KV_%s.>" "$JS.API.CONSUMER.DELETE.KV_%s.*" "$JS.FC.KV_%s.>" -}}
+{{- $rt = append $rt (printf $op $b) -}}
+{{- end -}}
+{{- end -}}
+{{- $rtOwn := list "est.>" "latr.>" "rq.>" -}}
+{{- /* engine: every worker id's reports, goodbyes, latency windows and registry entry */ -}}
+{{- $engOwn := list "load.*.*.*" "bye.*.*" "lat.*.*" -}}
+{{- $eng := list -}}
+{{- range $s := $rtOwn }}{{ $rt = append $rt (printf "%s.%s" $pre $s) }}{{ end -}}
+{{- range $s := $engOwn }}{{ $eng = append $eng (printf "%s.%s" $pre $s) }}{{ end -}}
+{{- if gt $parts 1 -}}
+{{- range $s := $rtOwn }}{{ $rt = append $rt (printf "%s.part.*.%s" $pre $s) }}{{ end -}}
+{{- range $s := $engOwn }}{{ $eng = append $eng (printf "%s.part.*.%s" $pre $s) }}{{ end -}}
+{{- end -}}
+{{- $eng = concat $eng (list "$KV.workermon-workers.*.*" "$JS.API.INFO" "$JS.API.STREAM.INFO.KV_workermon-workers" "$JS.API.STREAM.CREATE.KV_workermon-workers") -}}
+{{- $roles := list
+  (dict "user" "monitor" "publish" $mon "subscribe" (list (printf "%s.>" $pre) "_INBOX.>"))
+  (dict "user" "router" "publish" $rt "subscribe" (list "_INBOX.>"))
+  (dict "user" "engine" "publish" $eng "subscribe" (list "_INBOX.>" (printf "%s.migrate.*.*" $pre)) "responses" true) -}}
+authorization {
+  users: [
+    {{- range $r := $roles }}
+    {
+      user: {{ $r.user }}
+      password: ${{ printf "WORKERMON_NATS_%s_PASSWORD" (upper $r.user) }}
+      permissions: {
+        publish: {
+          allow: [
+            {{- range $r.publish }}
+            {{ . | quote }}
+            {{- end }}
+          ]
+        }
+        subscribe: {
+          allow: [
+            {{- range $r.subscribe }}
+            {{ . | quote }}
+            {{- end }}
+          ]
+        }
+        {{- if $r.responses }}
+        allow_responses: true
+        {{- end }}
+      }
+    }
+    {{- end }}
+  ]
+}
 {{- end -}}
 
 {{- define "workermon.natsVolumeMounts" -}}
@@ -167,6 +262,7 @@ mappings {
   {{ printf "%q: %q" (printf "%s.est.*.*.*" $pre) (printf "%s.part.{{partition(%d,1)}}.est.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}" $pre $p) }}
   {{ printf "%q: %q" (printf "%s.lat.*.*" $pre) (printf "%s.part.{{partition(%d,1)}}.lat.{{wildcard(1)}}.{{wildcard(2)}}" $pre $p) }}
   {{ printf "%q: %q" (printf "%s.latr.*.*" $pre) (printf "%s.part.{{partition(%d,1)}}.latr.{{wildcard(1)}}.{{wildcard(2)}}" $pre $p) }}
+  {{ printf "%q: %q" (printf "%s.rq.*" $pre) (printf "%s.part.{{partition(%d,1)}}.rq.{{wildcard(1)}}" $pre $p) }}
 }
 {{- end }}
 {{- end -}}
