@@ -46,7 +46,8 @@ func TestLoadJSONAgainstSim(t *testing.T) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	want := []string{"classes", "e2e_ms", "good", "goodput_rps", "offered_rps", "ok", "queue_wait_ms", "queued", "rejected", "shed", "tpot_ms", "ttft_ms"}
+	want := []string{"attempts", "attempts_per_request", "classes", "e2e_ms", "failed", "good", "goodput_rps", "offered_rps", "ok",
+		"queue_wait_ms", "queued", "rejected", "shed", "tpot_ms", "ttft_ms"}
 	if !slices.Equal(keys, want) {
 		t.Fatalf("keys %v; want %v", keys, want)
 	}
