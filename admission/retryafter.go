@@ -288,6 +288,15 @@ func (e *RetryEstimator) next(model string, ahead int) *retryValue {
 // value of retry-after-ms.
 func (e *RetryEstimator) Next(model string, ahead int) time.Duration { return e.next(model, ahead).d }
 
+// SetFloor sets the headers of a 503 that no slot will end (a model with
+// no worker): the floor, spread over the quarter above it.
+func (e *RetryEstimator) SetFloor(h http.Header) {
+	u, _ := e.uniforms()
+	v := &e.table[e.index(e.floor.Seconds()*(1+u/4))]
+	h[RetryAfterMsHeader] = v.ms
+	h["Retry-After"] = v.secs
+}
+
 // Set gives a rejected request of model its slot (see Next) and sets
 // RetryAfterMsHeader and Retry-After on h: whole seconds, rounded to the
 // nearest, at least the floor rounded up and at least 1. It allocates nothing when h already has room for both.
