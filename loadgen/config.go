@@ -244,8 +244,9 @@ type Sample struct {
 	// dropped. Result is its last attempt's, timed from the first.
 	Attempts int
 	// Failed: its last attempt got no 200 answer (a rejection, another
-	// status, or no answer at all); a request cancelled by the client or
-	// cut off by the end of the run is not failed.
+	// status, or no answer at all). A request cancelled by the client, or
+	// cut off by the end of the run during an attempt, is not failed; one
+	// cut off while it waited to be sent again counts by its last answer.
 	Failed bool
 }
 
