@@ -295,8 +295,10 @@ func WithShedStatus(status int) MiddlewareOption {
 	}
 }
 
-// WithRetryAfter sets the Retry-After of a rejection, rounded up to whole
-// seconds (default DefaultRetryAfter). It must be positive.
+// WithRetryAfter sets the floor of the wait a rejection asks for (default
+// DefaultRetryAfter): its retry-after-ms and Retry-After come from an
+// estimate of when the model has a free slot again (RetryEstimator), never
+// below d. It must be positive.
 func WithRetryAfter(d time.Duration) MiddlewareOption {
 	return func(o *middlewareOptions) error {
 		if d <= 0 {
@@ -338,7 +340,7 @@ type Middleware struct {
 	// The rejections, computed once: all busy (§7) and shed (§15).
 	busy, shed  rejection
 	contentType []string
-	retryAfter  []string
+	retry       *RetryEstimator
 }
 
 // rejection is one rejection's status and body.
@@ -375,7 +377,10 @@ func NewMiddleware(d Decider, opts ...MiddlewareOption) (*Middleware, error) {
 	if o.model == nil {
 		o.model = DefaultModelFunc()
 	}
-	secs := int64((o.retryAfter + time.Second - 1) / time.Second)
+	retry, err := NewRetryEstimator(o.retryAfter)
+	if err != nil {
+		return nil, fmt.Errorf("admission: new middleware: %w", err)
+	}
 	cd, _ := d.(ClassDecider)
 	return &Middleware{
 		d:       d,
@@ -387,9 +392,15 @@ func NewMiddleware(d Decider, opts ...MiddlewareOption) (*Middleware, error) {
 		// Full slice expressions: a later Header.Add must not write into
 		// the shared arrays.
 		contentType: []string{"application/json"}[:1:1],
-		retryAfter:  []string{strconv.FormatInt(max(secs, 1), 10)}[:1:1],
+		retry:       retry,
 	}, nil
 }
+
+// Estimator returns the estimate of when a model has a free slot again
+// that the rejections' retry headers come from. A router that answers
+// rejections of its own (a queue's) sets their headers from it, and tells
+// it when a request it let through ends (RetryEstimator.Done).
+func (m *Middleware) Estimator() *RetryEstimator { return m.retry }
 
 // DecideClass takes the decision for a request of class c: the Decider's
 // DecideClass when it has one, else its Decide (every class treated as
@@ -429,27 +440,41 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			m.metrics.Observe(model, d)
 		}
 		if !d.Admit {
-			m.RejectDecision(w, d)
+			m.RejectModel(w, model, 0, d)
 			return
 		}
 		next.ServeHTTP(w, r)
+		if d.Reason == ReasonFree {
+			// A request of a model with a record has ended: a slot is
+			// free again (the estimate of the retry headers).
+			m.retry.Done(model)
+		}
 	})
 }
 
 // Reject writes the all-busy rejection (contract §7): the configured
-// status, Content-Type application/json, Retry-After in whole seconds (at
-// least 1), and RejectBody(status).
-func (m *Middleware) Reject(w http.ResponseWriter) { m.write(w, &m.busy) }
+// status, Content-Type application/json, retry-after-ms and Retry-After
+// (whole seconds, at least 1; contract §23), and RejectBody(status). The
+// wait is estimated over every model; RejectModel estimates it for the
+// request's.
+func (m *Middleware) Reject(w http.ResponseWriter) { m.write(w, &m.busy, "", 0) }
 
 // RejectDecision writes the rejection of d: for ReasonShed the shed status
 // with ShedBody (contract §15), else the all-busy rejection (Reject). Both
-// carry Retry-After.
-func (m *Middleware) RejectDecision(w http.ResponseWriter, d Decision) {
+// carry retry-after-ms and Retry-After, estimated over every model.
+func (m *Middleware) RejectDecision(w http.ResponseWriter, d Decision) { m.RejectModel(w, "", 0, d) }
+
+// RejectModel writes the rejection of d (RejectDecision) for a request of
+// model with ahead requests waiting before it in the router's queue (0
+// without one): its retry-after-ms and Retry-After tell when the model
+// should have a free slot for it (RetryEstimator). It allocates nothing
+// once the model has been seen.
+func (m *Middleware) RejectModel(w http.ResponseWriter, model string, ahead int, d Decision) {
 	if d.Reason == ReasonShed {
-		m.write(w, &m.shed)
+		m.write(w, &m.shed, model, ahead)
 		return
 	}
-	m.write(w, &m.busy)
+	m.write(w, &m.busy, model, ahead)
 }
 
 // RejectStatus returns the status RejectDecision writes for d.
@@ -460,10 +485,10 @@ func (m *Middleware) RejectStatus(d Decision) int {
 	return m.busy.status
 }
 
-func (m *Middleware) write(w http.ResponseWriter, rj *rejection) {
+func (m *Middleware) write(w http.ResponseWriter, rj *rejection, model string, ahead int) {
 	h := w.Header()
 	h["Content-Type"] = m.contentType
-	h["Retry-After"] = m.retryAfter
+	m.retry.Set(h, model, ahead)
 	h["Content-Length"] = rj.contentLength
 	w.WriteHeader(rj.status)
 	_, _ = w.Write(rj.body)

@@ -48,22 +48,46 @@ func admitTestServe(t *testing.T, h http.Handler, req *http.Request) *http.Respo
 	return rec.Result()
 }
 
+// checkRetryHeaders checks the retry headers of a rejection of a model
+// whose rate is not known yet: retry-after-ms within a quarter above the
+// floor (at least the table's 10 ms), Retry-After that value in whole
+// seconds, rounded, at least the floor rounded up and at least 1.
+func checkRetryHeaders(t *testing.T, h http.Header, floor time.Duration) {
+	t.Helper()
+	msv, secv := h.Values(RetryAfterMsHeader), h.Values("Retry-After")
+	if len(msv) != 1 || len(secv) != 1 {
+		t.Fatalf("retry-after-ms %q, Retry-After %q: want one of each", msv, secv)
+	}
+	ms, err1 := strconv.ParseInt(msv[0], 10, 64)
+	secs, err2 := strconv.ParseInt(secv[0], 10, 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("retry-after-ms %q, Retry-After %q: want integers", msv, secv)
+	}
+	d := time.Duration(ms) * time.Millisecond
+	if hi := max(floor+floor/4, 10*time.Millisecond) * 101 / 100; d < floor || d > hi {
+		t.Errorf("retry-after-ms %d: want in [%v, %v]", ms, floor, hi)
+	}
+	if want := max(1, int64((floor+time.Second-1)/time.Second), (ms+500)/1000); secs != want {
+		t.Errorf("Retry-After %d with retry-after-ms %d, floor %v; want %d", secs, ms, floor, want)
+	}
+}
+
 func TestMiddlewareRejects(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
-		name       string
-		opts       []MiddlewareOption
-		status     int
-		retryAfter string
-		body       string
+		name   string
+		opts   []MiddlewareOption
+		status int
+		floor  time.Duration // of retry-after-ms; Retry-After is that rounded, at least the floor rounded up
+		body   string
 	}{
-		{"default", nil, 503, "1",
+		{"default", nil, 503, time.Second,
 			`{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","code":503,"error":{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","param":null,"code":503}}`},
-		{"429", []MiddlewareOption{WithRejectStatus(429), WithRetryAfter(1500 * time.Millisecond)}, 429, "2",
+		{"429", []MiddlewareOption{WithRejectStatus(429), WithRetryAfter(1500 * time.Millisecond)}, 429, 1500 * time.Millisecond,
 			`{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","code":429,"error":{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","param":null,"code":429}}`},
-		{"529", []MiddlewareOption{WithRejectStatus(529), WithRetryAfter(time.Millisecond)}, 529, "1",
+		{"529", []MiddlewareOption{WithRejectStatus(529), WithRetryAfter(time.Millisecond)}, 529, time.Millisecond,
 			`{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","code":529,"error":{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","param":null,"code":529}}`},
-		{"503 retry 30s", []MiddlewareOption{WithRetryAfter(30 * time.Second)}, 503, "30",
+		{"503 retry 30s", []MiddlewareOption{WithRetryAfter(30 * time.Second)}, 503, 30 * time.Second,
 			`{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","code":503,"error":{"message":"Service temporarily unavailable: All workers are busy, please retry later","type":"service_unavailable","param":null,"code":503}}`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -87,9 +111,7 @@ func TestMiddlewareRejects(t *testing.T) {
 				if got := resp.Header.Values("Content-Type"); len(got) != 1 || got[0] != "application/json" {
 					t.Errorf("Content-Type %q", got)
 				}
-				if got := resp.Header.Values("Retry-After"); len(got) != 1 || got[0] != c.retryAfter {
-					t.Errorf("Retry-After %q, want %q", got, c.retryAfter)
-				}
+				checkRetryHeaders(t, resp.Header, c.floor)
 				if got := resp.Header.Get("Content-Length"); got != strconv.Itoa(len(c.body)) {
 					t.Errorf("Content-Length %q", got)
 				}

@@ -159,8 +159,10 @@ type Config struct {
 	MaxTokens int
 	// SLO is the latency targets of a good request (Result.Good).
 	SLO SLO
-	// Timeout bounds one request, answer included; a request that takes
-	// longer counts as an error.
+	// Timeout bounds one request, answer included (with Retries, all its
+	// attempts and the waits between them); a request that takes longer
+	// counts as an error, or by its last answer when it was waiting to be
+	// sent again.
 	Timeout time.Duration
 	// Duration, when positive, is how long Run offers load; then it waits
 	// for the requests in flight that can still be good (Generator.Hopeful)
@@ -180,6 +182,14 @@ type Config struct {
 	CancelFraction float64
 	// CancelAfter bounds the delay of a non-streamed cancellation.
 	CancelAfter time.Duration
+
+	// Retries is how many times a request is sent again after an answer
+	// the official OpenAI SDKs retry (408, 409, 429, 5xx, or none: a
+	// connection error), with their waits: the server's retry-after-ms or
+	// Retry-After, else an exponential backoff (retry.go). Its TTFT, TPOT
+	// and E2E count from the first attempt; Timeout bounds all the
+	// attempts and the waits between them. 0: never.
+	Retries int
 
 	// Window is the span of Stats.Window.
 	Window time.Duration
@@ -227,9 +237,18 @@ type Sample struct {
 	Result Result
 	// Good: it met Config.SLO (Result.Good).
 	Good bool
-	// Queued: it waited QueueWait in a router's queue (X-Workermon-Queued).
+	// Queued: it waited QueueWait in a router's queue (X-Workermon-Queued),
+	// over all its attempts.
 	Queued    bool
 	QueueWait time.Duration
+	// Attempts is how many times it was sent (Config.Retries); 0 when
+	// dropped. Result is its last attempt's, timed from the first.
+	Attempts int
+	// Failed: its last attempt got no 200 answer (a rejection, another
+	// status, or no answer at all). A request cancelled by the client, or
+	// cut off by the end of the run during an attempt, is not failed; one
+	// cut off while it waited to be sent again counts by its last answer.
+	Failed bool
 }
 
 // DefaultConfig returns streamed completions of DefaultModel to
@@ -322,6 +341,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxDrain < 0 {
 		bad("MaxDrain", "%v is negative", c.MaxDrain)
+	}
+	if c.Retries < 0 {
+		bad("Retries", "%d is negative", c.Retries)
 	}
 	if c.Timeout <= 0 {
 		bad("Timeout", "%v is not positive", c.Timeout)

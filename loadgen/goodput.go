@@ -96,11 +96,20 @@ type ReportCounts struct {
 	OK uint64 `json:"ok"`
 	// Good is the requests that met the SLO.
 	Good uint64 `json:"good"`
-	// Rejected is the 503 answers (every worker busy).
+	// Rejected is the 503 answers (every worker busy), counting every
+	// attempt.
 	Rejected uint64 `json:"rejected"`
 	// Shed is the 429 answers (a sheddable request, or a queue that let it
-	// go).
+	// go), counting every attempt.
 	Shed uint64 `json:"shed"`
+	// Attempts is the times requests were sent, retries included
+	// (contract §23).
+	Attempts uint64 `json:"attempts"`
+	// Failed is the requests whose last attempt got no 200 answer.
+	Failed uint64 `json:"failed"`
+	// AttemptsPerRequest is Attempts over the requests sent; 0 when none
+	// was.
+	AttemptsPerRequest float64 `json:"attempts_per_request"`
 	// Queued is the answers that waited in a router's queue
 	// (X-Workermon-Queued).
 	Queued    uint64      `json:"queued"`
@@ -138,18 +147,25 @@ func reportCounts(c Counts) ReportCounts {
 		}
 		return float64(n) / c.Duration.Seconds()
 	}
+	perRequest := 0.0
+	if c.Sent > 0 {
+		perRequest = math.Round(float64(c.Attempts)/float64(c.Sent)*1000) / 1000
+	}
 	return ReportCounts{
-		OfferedRPS: per(c.Sent + c.Dropped),
-		GoodputRPS: per(c.Good),
-		OK:         c.OK,
-		Good:       c.Good,
-		Rejected:   c.Unavailable,
-		Shed:       c.TooMany,
-		Queued:     c.Queued,
-		TTFT:       percentiles(c.TTFT),
-		TPOT:       percentiles(c.TPOT),
-		E2E:        percentiles(c.Latency),
-		QueueWait:  percentiles(c.QueueWait),
+		AttemptsPerRequest: perRequest,
+		OfferedRPS:         per(c.Sent + c.Dropped),
+		GoodputRPS:         per(c.Good),
+		OK:                 c.OK,
+		Good:               c.Good,
+		Rejected:           c.Unavailable,
+		Shed:               c.TooMany,
+		Attempts:           c.Attempts,
+		Failed:             c.Failed,
+		Queued:             c.Queued,
+		TTFT:               percentiles(c.TTFT),
+		TPOT:               percentiles(c.TPOT),
+		E2E:                percentiles(c.Latency),
+		QueueWait:          percentiles(c.QueueWait),
 	}
 }
 

@@ -58,12 +58,13 @@ func TestResultGood(t *testing.T) {
 	}
 }
 
-// The --json document has exactly §16's keys, times in ms, and null for a
+// The --json document has exactly §16's and §23's keys, times in ms, and null for a
 // percentile of nothing.
 func TestReportShape(t *testing.T) {
 	t.Parallel()
 	s := Stats{
 		Total: Counts{Duration: 10 * time.Second, Sent: 90, Dropped: 10, OK: 50, Good: 40, Unavailable: 30, TooMany: 5,
+			Attempts: 120, Failed: 25,
 			Latency: Latency{Count: 50, P50: 1500 * time.Millisecond, P90: 2 * time.Second, P99: 3 * time.Second},
 			TTFT:    Latency{Count: 50, P50: 100 * time.Millisecond, P90: 200 * time.Millisecond, P99: 300 * time.Millisecond},
 			TPOT:    Latency{Count: 50, P50: 20 * time.Millisecond, P90: 30 * time.Millisecond, P99: 40 * time.Millisecond}},
@@ -78,7 +79,8 @@ func TestReportShape(t *testing.T) {
 	if err := json.Unmarshal(data, &doc); err != nil {
 		t.Fatal(err)
 	}
-	keys := []string{"offered_rps", "goodput_rps", "ok", "good", "rejected", "shed", "queued", "ttft_ms", "tpot_ms", "e2e_ms", "queue_wait_ms"}
+	keys := []string{"offered_rps", "goodput_rps", "ok", "good", "rejected", "shed", "attempts", "failed", "attempts_per_request",
+		"queued", "ttft_ms", "tpot_ms", "e2e_ms", "queue_wait_ms"}
 	checkKeys := func(what string, m map[string]any, want []string) {
 		t.Helper()
 		var got []string
@@ -95,7 +97,8 @@ func TestReportShape(t *testing.T) {
 	for _, k := range []string{"ttft_ms", "tpot_ms", "e2e_ms", "queue_wait_ms"} {
 		checkKeys(k, doc[k].(map[string]any), []string{"p50", "p90", "p99"})
 	}
-	want := map[string]any{"offered_rps": 10.0, "goodput_rps": 4.0, "ok": 50.0, "good": 40.0, "rejected": 30.0, "shed": 5.0, "queued": 0.0}
+	want := map[string]any{"offered_rps": 10.0, "goodput_rps": 4.0, "ok": 50.0, "good": 40.0, "rejected": 30.0, "shed": 5.0, "queued": 0.0,
+		"attempts": 120.0, "failed": 25.0, "attempts_per_request": 1.333}
 	for k, v := range want {
 		if doc[k] != v {
 			t.Errorf("%s = %v; want %v", k, doc[k], v)

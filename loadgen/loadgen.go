@@ -15,7 +15,11 @@
 // (Result.Good); the good ones make the goodput (Stats.Report). With a
 // priority mix each request carries a priority header (X-Workermon-Priority)
 // drawn from the mix with a seeded generator, and the answers are counted by
-// priority class too. A benchmark can see every request as it ends
+// priority class too. With Config.Retries a request that is rejected (or
+// gets a 408, 409, 5xx or no answer) is sent again as the official OpenAI
+// SDKs do, honouring the server's retry-after-ms and Retry-After (retry.go);
+// the outcomes then count attempts, and a request whose last attempt got no
+// 200 is failed. A benchmark can see every request as it ends
 // (Config.OnDone) and change the workload over time (Config.WorkloadAt).
 //
 //	g, err := loadgen.New(cfg, logger)
@@ -301,12 +305,12 @@ func (g *Generator) launch(ctx context.Context, now time.Time, offered time.Dura
 		start := time.Now()
 		fl := g.flights.add(g.cfg, start, maxTokens)
 		defer g.flights.remove(fl)
-		d := g.do(ctx, start, body, header, maxTokens, fl)
+		d := g.do(ctx, start, body, header, maxTokens, fl, class)
 		d.class, d.start = class, now
 		g.rec.done(time.Now(), d)
 		if g.cfg.OnDone != nil {
 			g.cfg.OnDone(Sample{Offered: offered, OK: d.o == outOK, Result: d.res, Good: d.good,
-				Queued: d.queued, QueueWait: d.queueWait})
+				Queued: d.anyQueued, QueueWait: d.waited, Attempts: d.attempts, Failed: d.failed()})
 		}
 	})
 }

@@ -73,16 +73,13 @@ func requestBody(cfg Config, model, prompt string, maxTokens int) ([]byte, error
 const queuedHeader = "X-Workermon-Queued"
 
 // do sends one request, with the priority header when priority is not
-// empty, and reads its answer to the end. It returns how it ended and what
-// the client saw, E2E and TTFT from start.
-func (g *Generator) do(ctx context.Context, start time.Time, body []byte, priority string, maxTokens int, fl *flight) done {
-	d := done{o: outError, res: Result{Stream: g.cfg.Stream}}
-	finish := func(o outcome) done {
-		d.o = o
-		d.res.E2E = time.Since(start)
-		d.good = d.o == outOK && d.res.Good(g.cfg.SLO)
-		return d
-	}
+// empty, and reads its answer to the end, retrying it up to Config.Retries
+// times as the OpenAI SDKs do (retry.go). Config.Timeout bounds it all,
+// waits between attempts included. It returns how its last attempt ended and
+// what the client saw, E2E and TTFT from start, the first attempt's send;
+// each attempt before the last is counted in the recorder (class) when it
+// is retried.
+func (g *Generator) do(ctx context.Context, start time.Time, body []byte, priority string, maxTokens int, fl *flight, class int) done {
 	reqCtx, cancelTimeout := context.WithTimeout(ctx, g.cfg.Timeout)
 	defer cancelTimeout()
 	reqCtx, cancel := context.WithCancelCause(reqCtx)
@@ -94,12 +91,51 @@ func (g *Generator) do(ctx context.Context, start time.Time, body []byte, priori
 		t := time.AfterFunc(delay, func() { cancel(errClientCancel) })
 		defer t.Stop()
 	}
+	var waited time.Duration // in a router's queue, over the attempts
+	queued := false
+	for n := 0; ; n++ {
+		d, header, noAnswer := g.attempt(ctx, reqCtx, cancel, start, body, priority, n, maxTokens, fl, cancelIt)
+		d.attempts = n + 1
+		if d.queued {
+			queued, waited = true, waited+d.queueWait
+		}
+		d.anyQueued, d.waited = queued, waited
+		retry := n < g.cfg.Retries && (noAnswer || d.res.Status != 0 && d.o != outOK && shouldRetry(d.res.Status, header))
+		if !retry {
+			return d
+		}
+		wait, ok := retryDelay(header, n, time.Now(), jitter)
+		if !ok {
+			return d
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-reqCtx.Done():
+			// The request ends with this attempt's answer, or as the
+			// context says when it had none.
+			t.Stop()
+			if noAnswer {
+				d.o = g.failed(ctx, reqCtx, reqCtx.Err())
+			}
+			return d
+		case <-t.C:
+		}
+		g.rec.retried(time.Now(), class, d)
+	}
+}
 
+// attempt sends the request once, attempt n of it, and reads its answer.
+// noAnswer reports a connection error before any answer, which is retried.
+func (g *Generator) attempt(ctx, reqCtx context.Context, cancel context.CancelCauseFunc, start time.Time, body []byte,
+	priority string, n, maxTokens int, fl *flight, cancelIt bool) (_ done, _ http.Header, noAnswer bool) {
+	d := done{o: outError, res: Result{Stream: g.cfg.Stream}}
+	finish := func(o outcome) done { return g.ended(d, o, start) }
 	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, g.url, bytes.NewReader(body))
 	if err != nil {
-		return finish(g.failed(ctx, reqCtx, err))
+		return finish(g.failed(ctx, reqCtx, err)), nil, false
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(RetryCountHeader, strconv.Itoa(n))
 	if g.cfg.Stream {
 		req.Header.Set("Accept", "text/event-stream")
 	}
@@ -108,7 +144,9 @@ func (g *Generator) do(ctx context.Context, start time.Time, body []byte, priori
 	}
 	resp, err := g.client.Do(req)
 	if err != nil {
-		return finish(g.failed(ctx, reqCtx, err))
+		// A connection error; one of the context (a timeout, a
+		// cancellation, the end of the run) is not retried.
+		return finish(g.failed(ctx, reqCtx, err)), nil, reqCtx.Err() == nil
 	}
 	defer resp.Body.Close()
 	d.res.Status = resp.StatusCode
@@ -122,15 +160,21 @@ func (g *Generator) do(ctx context.Context, start time.Time, body []byte, priori
 	case http.StatusOK:
 	case http.StatusServiceUnavailable:
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
-		return finish(outUnavailable)
+		return finish(outUnavailable), resp.Header, false
 	case http.StatusTooManyRequests:
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
-		return finish(outTooMany)
+		return finish(outTooMany), resp.Header, false
 	default:
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
-		return finish(outOther)
+		return finish(outOther), resp.Header, false
 	}
+	return g.readOK(ctx, reqCtx, cancel, start, resp, d, maxTokens, fl, cancelIt), resp.Header, false
+}
 
+// readOK reads a 200 answer to its end into d.
+func (g *Generator) readOK(ctx, reqCtx context.Context, cancel context.CancelCauseFunc, start time.Time, resp *http.Response,
+	d done, maxTokens int, fl *flight, cancelIt bool) done {
+	finish := func(o outcome) done { return g.ended(d, o, start) }
 	if !g.cfg.Stream {
 		data, err := io.ReadAll(resp.Body)
 		if err != nil {
@@ -173,6 +217,14 @@ func (g *Generator) do(ctx context.Context, start time.Time, body []byte, priori
 		return finish(outError)
 	}
 	return finish(g.failed(ctx, reqCtx, err))
+}
+
+// ended returns d ended with o: its E2E from start and whether it is good.
+func (g *Generator) ended(d done, o outcome, start time.Time) done {
+	d.o = o
+	d.res.E2E = time.Since(start)
+	d.good = d.o == outOK && d.res.Good(g.cfg.SLO)
+	return d
 }
 
 // answer is the part of a completion, chat answer or chunk that the

@@ -3,6 +3,7 @@ package loadgen
 import (
 	"maps"
 	"math"
+	"net/http"
 	"sync"
 	"time"
 
@@ -60,6 +61,14 @@ type Counts struct {
 	Duration time.Duration
 	// Sent is the number of requests started.
 	Sent uint64
+	// Attempts is the number of times requests were sent, retries
+	// included (Config.Retries), counted when the request ends. The
+	// outcomes below count attempts: a request retried after a 503 and
+	// then served counts once in Unavailable and once in OK.
+	Attempts uint64
+	// Failed is the number of requests whose last attempt got no 200
+	// answer (Sample.Failed).
+	Failed uint64
 	// OK is the number of 200 answers received in full.
 	OK uint64
 	// Unavailable is the number of 503 answers (the router's rejection).
@@ -69,7 +78,7 @@ type Counts struct {
 	TooMany uint64
 	// OtherStatus is the number of answers with any other status.
 	OtherStatus uint64
-	// Errors is the number of requests that failed: transport errors,
+	// Errors is the number of attempts that failed: transport errors,
 	// timeouts, streams cut before [DONE] or carrying an error event.
 	Errors uint64
 	// Cancelled is the number of requests the client cancelled on purpose
@@ -129,7 +138,7 @@ const (
 // counters are the counts of a span, without latencies.
 type counters struct {
 	sent, ok, unavailable, tooMany, other, errors, cancelled, dropped, aborted uint64
-	good, queued                                                               uint64
+	good, queued, attempts, failed                                             uint64
 }
 
 func (c *counters) add(o counters) {
@@ -144,6 +153,8 @@ func (c *counters) add(o counters) {
 	c.aborted += o.aborted
 	c.good += o.good
 	c.queued += o.queued
+	c.attempts += o.attempts
+	c.failed += o.failed
 }
 
 func (c *counters) count(o outcome) {
@@ -243,15 +254,31 @@ func (l *latencies) add(o outcome, d done) {
 	}
 }
 
-// done is a request that ended.
+// done is a request that ended, or one of its attempts that was retried.
 type done struct {
 	class     int // noClass: none
 	o         outcome
 	start     time.Time // when it was sent
 	res       Result
 	good      bool
-	queued    bool
-	queueWait time.Duration
+	queued    bool          // this attempt waited in a router's queue
+	queueWait time.Duration // this attempt's wait
+	attempts  int           // the request's attempts
+	anyQueued bool          // an attempt waited in a router's queue
+	waited    time.Duration // the attempts' waits in the queue
+}
+
+// failed reports whether the request's last attempt got no 200 answer:
+// a rejection, another status, or an error without a 200. Cancelled and
+// aborted requests are not failed: the client cut them.
+func (d done) failed() bool {
+	switch d.o {
+	case outUnavailable, outTooMany, outOther:
+		return true
+	case outError:
+		return d.res.Status != http.StatusOK
+	}
+	return false
 }
 
 // ttft returns the time to first token of an OK request: to the first
@@ -387,42 +414,55 @@ func (r *recorder) done(now time.Time, d done) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.inFlight--
-	r.total.count(d.o)
+	r.attempt(now, d, true)
+}
+
+// retried counts an attempt of a request, ended at now, that is sent
+// again: its outcome and status, not the request.
+func (r *recorder) retried(now time.Time, class int, d done) {
+	d.class, d.good = class, false
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.attempt(now, d, false)
+}
+
+// attempt counts an attempt that ended at now; last: the request's last,
+// which counts the request too. r.mu is held.
+func (r *recorder) attempt(now time.Time, d done, last bool) {
+	var c counters
+	c.count(d.o)
+	if d.queued {
+		c.queued++
+	}
+	if last {
+		c.attempts = uint64(d.attempts)
+		if d.good {
+			c.good++
+		}
+		if d.failed() {
+			c.failed++
+		}
+	}
 	s := r.slotAt(now)
-	s.c.count(d.o)
+	r.total.add(c)
+	s.c.add(c)
 	status := d.res.Status
 	if status != 0 {
 		r.statuses[status]++
 	}
 	r.l.add(d.o, d)
 	s.l.add(d.o, d)
-	if d.queued {
-		r.total.queued++
-		s.c.queued++
-	}
-	if d.good {
-		r.total.good++
-		s.c.good++
-	}
 	class := d.class
 	if class == noClass || r.classes[class] == nil {
 		return
 	}
 	cr := r.classes[class]
-	cr.total.count(d.o)
-	s.classes[class].count(d.o)
+	cr.total.add(c)
+	s.classes[class].add(c)
 	if status != 0 {
 		cr.statuses[status]++
 	}
 	cr.l.add(d.o, d)
-	if d.queued {
-		cr.total.queued++
-		s.classes[class].queued++
-	}
-	if d.good {
-		cr.total.good++
-		s.classes[class].good++
-	}
 }
 
 // stats returns a snapshot at now.
@@ -480,6 +520,8 @@ func (c counters) counts(d time.Duration, l *latencies) Counts {
 	return Counts{
 		Duration:    d,
 		Sent:        c.sent,
+		Attempts:    c.attempts,
+		Failed:      c.failed,
 		OK:          c.ok,
 		Unavailable: c.unavailable,
 		TooMany:     c.tooMany,

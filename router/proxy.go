@@ -138,7 +138,7 @@ func (ex *exchange) serve() {
 	if !d.Admit {
 		rt.latency.reject(model)
 		ex.code = rt.reject.RejectStatus(d)
-		rt.reject.RejectDecision(ex.w, d)
+		rt.reject.RejectModel(ex.w, model, rt.queueAhead(model), d)
 		return
 	}
 	ex.forward(body, cands)
@@ -165,12 +165,15 @@ func (ex *exchange) forward(body []byte, cands []events.WorkerEntry) {
 			d := rt.unroutable(ex.model, ex.decision, ex.registered)
 			rt.latency.reject(ex.model)
 			ex.code = rt.reject.RejectStatus(d)
-			rt.reject.RejectDecision(ex.w, d)
+			rt.reject.RejectModel(ex.w, ex.model, rt.queueAhead(ex.model), d)
 			return
 		}
 		ex.dispatchFailed(err)
 		return
 	}
+	// Once answered, the request frees its slot: the rate of the retry
+	// estimate (retryafter.go).
+	defer rt.retry.Done(ex.model)
 	if up.isEventStream() {
 		ex.lat = rt.latency.begin(ex.model, up.worker.WorkerID, ex.class, dispatched)
 		defer ex.lat.end()

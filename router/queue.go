@@ -748,13 +748,13 @@ func fullMessage(model string) string {
 // queueReject answers a request that leaves the queue without dispatch,
 // after waited: counted as a rejection of d (the decision it queued on), in
 // the latency windows' rejections too, and answered with the shed status,
-// Retry-After, X-Workermon-Queued and the error body.
+// the retry headers, X-Workermon-Queued and the error body.
 func (ex *exchange) queueReject(d admission.Decision, waited time.Duration, msg string) {
 	ex.rt.admission.Observe(ex.model, rejected(d))
 	ex.rt.latency.reject(ex.model)
 	h := ex.w.Header()
 	h.Set(QueuedHeader, strconv.FormatInt(waited.Milliseconds(), 10))
-	h.Set("Retry-After", ex.rt.retryAfter)
+	ex.rt.retry.Set(h, ex.model, ex.rt.queueAhead(ex.model))
 	ex.writeError(ex.rt.cfg.ShedStatus, typeServiceUnavailable, msg)
 }
 
@@ -777,7 +777,7 @@ func (ex *exchange) decideAgain() ([]events.WorkerEntry, bool) {
 	rt.admission.Observe(ex.model, d)
 	if !d.Admit {
 		ex.code = rt.reject.RejectStatus(d)
-		rt.reject.RejectDecision(ex.w, d)
+		rt.reject.RejectModel(ex.w, ex.model, rt.queueAhead(ex.model), d)
 		return nil, false
 	}
 	return cands, true

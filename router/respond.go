@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/workermon/workermon/admission"
 )
@@ -31,17 +30,12 @@ func writeError(w http.ResponseWriter, status int, typ, msg string) {
 	_, _ = w.Write(body)
 }
 
-// retryAfterSeconds renders d as a Retry-After value: whole seconds, rounded
-// up, at least 1.
-func retryAfterSeconds(d time.Duration) string {
-	return strconv.FormatInt(max(int64((d+time.Second-1)/time.Second), 1), 10)
-}
-
 // writeNoWorkers answers 503 "no workers available" (never the all-busy
-// body), with Retry-After.
+// body), with retry-after-ms and Retry-After: the floor, jittered (no
+// request of the model will end to free a slot).
 func (rt *Router) writeNoWorkers(w http.ResponseWriter, model, why string) {
 	rt.metrics.noWorkers.Inc()
-	w.Header().Set("Retry-After", rt.retryAfter)
+	rt.retry.SetFloor(w.Header())
 	writeError(w, http.StatusServiceUnavailable, typeServiceUnavailable,
 		fmt.Sprintf("no workers available for model %.256q: %s", model, why))
 }

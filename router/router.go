@@ -145,7 +145,9 @@ type Config struct {
 	// that a standard one would have got through (contract §15): 429, 503
 	// or 529.
 	ShedStatus int
-	// RetryAfter is the Retry-After of a rejection; positive.
+	// RetryAfter is the floor of the wait a rejection asks for in its
+	// retry-after-ms and Retry-After, estimated from when the model frees
+	// a slot (contract §23, retryafter.go); positive.
 	RetryAfter time.Duration
 	// MaxBodyBytes is the largest request body read, and the most text a
 	// migratable stream keeps for its continuation; positive.
@@ -283,7 +285,7 @@ type Router struct {
 	latency   latencyBook  // latency windows (contract §18), published by RunLatency
 	mux       *http.ServeMux
 
-	retryAfter             string // RetryAfter in whole seconds
+	retry                  *admission.RetryEstimator // the retry headers of the rejections (retryafter.go)
 	upstreamLog, streamLog rateLog
 	registryLog            rateLog // a model without workers while the registry cannot be read
 }
@@ -315,7 +317,7 @@ func New(cfg Config) (*Router, error) {
 		rt.own = newTransport(cfg.ConnectTimeout)
 		rt.transport = rt.own
 	}
-	rt.retryAfter = retryAfterSeconds(cfg.RetryAfter)
+	rt.retry = rt.reject.Estimator()
 	rt.upstreamLog = rateLog{log: rt.log, every: rateLogEvery}
 	rt.streamLog = rateLog{log: rt.log, every: rateLogEvery}
 	rt.registryLog = rateLog{log: rt.log, every: rateLogEvery}

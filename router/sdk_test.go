@@ -5,14 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/workermon/workermon/admission"
 	"github.com/workermon/workermon/internal/natstest"
 	"github.com/workermon/workermon/sim"
 )
@@ -126,9 +131,7 @@ func TestSDKErrors(t *testing.T) {
 		!strings.Contains(ae.Message, "All workers are busy") || ae.Code != "503" {
 		t.Errorf("all busy: status %d type %q code %q message %q", ae.StatusCode, ae.Type, ae.Code, ae.Message)
 	}
-	if ra := ae.Response.Header.Get("Retry-After"); ra != "1" {
-		t.Errorf("all busy: Retry-After %q, want 1", ra)
-	}
+	checkRetryHeaders(t, ae.Response.Header, DefaultRetryAfter)
 	e.putRecord(t, sdkModel, []uint64{1}, nil, time.Now())
 
 	// A request without a model.
@@ -193,9 +196,10 @@ func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // TestSDKDefaultRetries: with its default settings the SDK retries the
-// all-busy 503 twice, each time after the Retry-After we send, so a client
-// of a fully busy model sends three requests and sees the error about two
-// seconds later (docs/router.md, "Clients").
+// all-busy 503 twice, each time after the retry-after-ms we send (at least
+// the 1 s floor), so a client of a fully busy model sends three requests
+// and sees the error two seconds later or more (docs/router.md, "Clients";
+// TestSDKRetriesHonourRetryAfterMs checks the waits exactly).
 func TestSDKDefaultRetries(t *testing.T) {
 	t.Parallel()
 	e := newSDKEnv(t, nil)
@@ -215,9 +219,73 @@ func TestSDKDefaultRetries(t *testing.T) {
 	if got := counter.n.Load(); got != 3 {
 		t.Errorf("the SDK sent %d requests, want 3 (one and two retries)", got)
 	}
-	// Two waits of Retry-After: 1 s each, at least.
+	// Two waits of retry-after-ms: 1 s each, at least.
 	if elapsed < 2*time.Second {
 		t.Errorf("the error came after %v, want at least 2 s (two Retry-After waits)", elapsed)
 	}
 	t.Logf("default SDK: 3 requests, error after %v", elapsed.Round(time.Millisecond))
+}
+
+// inProcess is an http.RoundTripper that serves the requests with a
+// handler in the process, recording when each came and the retry-after-ms
+// of each answer: an SDK client of it runs in a synctest bubble.
+type inProcess struct {
+	h http.Handler
+
+	mu    sync.Mutex
+	times []time.Time
+	waits []time.Duration // the answers' retry-after-ms
+	count []string        // the requests' X-Stainless-Retry-Count
+}
+
+func (p *inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
+	req := r.Clone(r.Context())
+	req.RequestURI = r.URL.RequestURI()
+	rec := httptest.NewRecorder()
+	p.h.ServeHTTP(rec, req)
+	resp := rec.Result()
+	resp.Request = r
+	ms, _ := strconv.Atoi(resp.Header.Get(admission.RetryAfterMsHeader))
+	p.mu.Lock()
+	p.times = append(p.times, time.Now())
+	p.waits = append(p.waits, time.Duration(ms)*time.Millisecond)
+	p.count = append(p.count, r.Header.Get("X-Stainless-Retry-Count"))
+	p.mu.Unlock()
+	return resp, nil
+}
+
+// TestSDKRetriesHonourRetryAfterMs: the official Go SDK, with its default
+// two retries, against a router whose model is all busy: it sends three
+// requests, each retry after exactly the retry-after-ms of the answer
+// before (not Retry-After's whole seconds, nor its own backoff), and
+// numbers them in X-Stainless-Retry-Count. In a bubble of fake time.
+func TestSDKRetriesHonourRetryAfterMs(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		rt, list := newBubbleRouter(t, nil)
+		serveAt(t, rt, 40, 4) // a slot frees every 250 ms
+		list.busy.Store(true)
+		p := &inProcess{h: rt}
+		client := openai.NewClient(option.WithBaseURL("http://router.invalid/v1/"), option.WithAPIKey("unused"),
+			option.WithHTTPClient(&http.Client{Transport: p}))
+		start := time.Now()
+		_, err := client.Completions.New(t.Context(), openai.CompletionNewParams{Model: model,
+			Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(3)})
+		ae := apiError(t, err)
+		if ae.StatusCode != http.StatusServiceUnavailable || !strings.Contains(ae.Message, "All workers are busy") {
+			t.Errorf("status %d message %q", ae.StatusCode, ae.Message)
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if len(p.times) != 3 || fmt.Sprint(p.count) != "[0 1 2]" {
+			t.Fatalf("the SDK sent %d requests numbered %v; want 3 (one and two retries) numbered [0 1 2]", len(p.times), p.count)
+		}
+		for i := 1; i < 3; i++ {
+			gap, told := p.times[i].Sub(p.times[i-1]), p.waits[i-1]
+			if gap != told || told < time.Second || told%time.Second == 0 {
+				t.Errorf("retry %d came %v after the answer that said retry-after-ms %v; want exactly that, a fraction past the 1 s floor", i, gap, told)
+			}
+		}
+		t.Logf("default SDK: 3 requests, retries after %v and %v, error after %v", p.waits[0], p.waits[1], time.Since(start))
+	})
 }

@@ -184,6 +184,7 @@ func TestCheckInvalid(t *testing.T) {
 		{"router creds missing", []string{"router", "--nats-creds", "/nonexistent/x.creds"}, nil, "x.creds"},
 		{"sim workers", []string{"sim", "--workers", "0"}, nil, "Workers"},
 		{"load api", []string{"load", "--api", "telepathy"}, nil, "telepathy"},
+		{"load retries", []string{"load", "--retries", "-1"}, nil, "Retries"},
 		{"status timeout", []string{"status", "--timeout", "0s"}, nil, "--timeout"},
 		{"watch model", []string{"watch", "--model", "\xff"}, nil, "--model"},
 		{"thresholds set without model", []string{"thresholds", "set", "--active-decode-blocks-threshold", "0.5"}, nil, "--model"},

@@ -302,6 +302,13 @@ func checkAllBusy(t testing.TB, what string, h httpResp, status int) {
 	if err != nil || n < 1 || strconv.Itoa(n) != ra {
 		t.Errorf("%s: Retry-After %q, want whole seconds >= 1", what, ra)
 	}
+	// retry-after-ms (contract §23): the same wait in milliseconds, which
+	// Retry-After rounds.
+	rams := h.header.Get("Retry-After-Ms")
+	ms, err := strconv.Atoi(rams)
+	if err != nil || ms < 1 || strconv.Itoa(ms) != rams || n*1000-ms >= 1000 || ms-n*1000 > 500 {
+		t.Errorf("%s: retry-after-ms %q with Retry-After %q, want the same wait in milliseconds", what, rams, ra)
+	}
 }
 
 // waitStatus repeats a completion until its status is want.

@@ -48,7 +48,9 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fs.DurationVar(&c.SLO.ITL, "slo-itl", c.SLO.ITL, "a good request's time per output token is at most this")
 		fs.BoolVar(&asJSON, "json", false, "print only the final report, as JSON")
 		fs.Float64Var(&c.CancelFraction, "cancel-fraction", c.CancelFraction, "share of requests the client cancels mid-way")
-		fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "timeout of one request")
+		fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "timeout of one request, its retries and the waits between them included")
+		fs.IntVar(&c.Retries, "retries", c.Retries,
+			"send a request again up to this many times after a 408, 409, 429, 5xx or connection error, as the OpenAI SDKs do (honouring retry-after-ms and Retry-After)")
 		fs.StringVar(&mix, "priority-mix", "",
 			`send the X-Workermon-Priority header in these shares, e.g. "-1=0.5,0=0.4,1=0.1" (priority=share; shares are weights), and report by class`)
 		fs.Uint64Var(&c.Seed, "seed", c.Seed,
@@ -104,6 +106,9 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			}
 			fmt.Fprintf(stdout, "total after %v: %s\n", s.Elapsed.Round(time.Second), countsLine(s.Total))
 			fmt.Fprintf(stdout, "goodput %s\n", goodputLine(s.Total))
+			if c.Retries > 0 {
+				fmt.Fprintf(stdout, "retries %s\n", retriesLine(s.Total))
+			}
 			if len(s.Classes) > 0 {
 				printClasses(stdout, s.Classes)
 			}
@@ -140,6 +145,16 @@ func goodputLine(c loadgen.Counts) string {
 		line += fmt.Sprintf(" | queued %d, wait p50 %s p99 %s", c.Queued, round(c.QueueWait.P50), round(c.QueueWait.P99))
 	}
 	return line
+}
+
+// retriesLine renders the attempts of the requests sent and the requests
+// whose last attempt got no 200 (contract §23).
+func retriesLine(c loadgen.Counts) string {
+	per := 0.0
+	if c.Sent > 0 {
+		per = float64(c.Attempts) / float64(c.Sent)
+	}
+	return fmt.Sprintf("%d attempts for %d requests (%.2f each) | failed %d (last attempt not a 200)", c.Attempts, c.Sent, per, c.Failed)
 }
 
 // checkPeriods checks the --interval and --duration of load and demo.

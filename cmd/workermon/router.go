@@ -79,7 +79,7 @@ func (o *routerOptions) flags(fs *flag.FlagSet) {
 	fs.IntVar(&o.router.RejectStatus, "reject-status", o.router.RejectStatus, "status of a rejection when every worker is busy: 503, 429 or 529")
 	fs.IntVar(&o.router.ShedStatus, "shed-status", o.router.ShedStatus,
 		"status of the rejection of a sheddable request (X-Workermon-Priority below 0) when every free worker is amber: 429, 503 or 529")
-	fs.DurationVar(&o.router.RetryAfter, "retry-after", o.router.RetryAfter, "Retry-After of a rejection, rounded up to whole seconds")
+	fs.DurationVar(&o.router.RetryAfter, "retry-after", o.router.RetryAfter, "floor of the wait a rejection asks for (retry-after-ms, and Retry-After in whole seconds), estimated from when the model frees a slot")
 	fs.DurationVar(&o.staleListAfter, "stale-list-after", o.staleListAfter, "a busy-list record not refreshed for this long is stale")
 	fs.BoolVar(&o.failOpen, "fail-open", o.failOpen, "admit requests when the busy list is stale or not loaded yet")
 	fs.IntVar(&o.router.MigrationLimit, "migration-limit", o.router.MigrationLimit,

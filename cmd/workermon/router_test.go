@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -123,8 +124,9 @@ func TestRouterCommandEndToEnd(t *testing.T) {
 	putRecord(nil, []uint64{1})
 	natstest.WaitFor(t, 5*time.Second, "request rejected", func() bool {
 		resp, body := routerTestPost(t, base+"/v1/completions", `{"model":"`+model+`","prompt":"x"}`)
+		ms, _ := strconv.Atoi(resp.Header.Get("Retry-After-Ms"))
 		return resp.StatusCode == http.StatusServiceUnavailable && body == string(admission.RejectBody(503)) &&
-			resp.Header.Get("Retry-After") == "1"
+			ms >= 1000 && resp.Header.Get("Retry-After") != ""
 	})
 
 	code, body := routerTestGet(t, base+"/v1/models")
