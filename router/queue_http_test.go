@@ -567,8 +567,8 @@ func TestQueueDisconnects(t *testing.T) {
 	mq := env.rt.queue.lookup(model)
 	mq.mu.Lock()
 	defer mq.mu.Unlock()
-	if len(mq.levels) != 0 {
-		t.Errorf("%d priority levels left in an empty queue", len(mq.levels))
+	if n, b := mq.fq.Len(), env.rt.queue.budget.Used(); n != 0 || b != 0 {
+		t.Errorf("%d requests and %d bytes left in an empty queue", n, b)
 	}
 }
 
