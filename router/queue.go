@@ -512,20 +512,22 @@ func (q *queues) snapshot(now time.Time) []QueueSnapshot {
 }
 
 // waits reports whether a request for model with decision d and headers qh
-// goes through the queue (contract §17): flow control is on, and the
-// request may wait and its class has no candidate, or its model's queue
-// holds requests (which an admitted request that may not wait must not
-// overtake either: the queue answers it). nil-safe. With the queue empty it
-// takes no lock and allocates nothing.
+// goes through the queue (contract §17): flow control is on, and either the
+// request may wait and its class has no candidate on a fresh record, or it
+// is admitted and its model's queue holds requests (which an admitted
+// request that may not wait must not overtake either: the queue answers
+// it). Any other rejection (a stale record's, with fail-open off) is
+// answered at once. nil-safe. With the queue empty it takes no lock and
+// allocates nothing.
 //
 // Routers that queue as one (contract §22) will also send an admitted
 // request to the queue when another router holds one (flow.Direct).
 func (q *queues) waits(model string, d admission.Decision, qh queueHeaders) bool {
-	if q == nil || (qh.maxWait == 0 && !d.Admit) {
+	if q == nil {
 		return false
 	}
-	if !d.Admit && queueable(d) {
-		return true
+	if !d.Admit {
+		return qh.maxWait != 0 && queueable(d)
 	}
 	mq := q.lookup(model)
 	return mq != nil && mq.depth.Load() > 0

@@ -398,6 +398,40 @@ func TestQueueFullHTTP(t *testing.T) {
 	}
 }
 
+// TestQueueStaleRejectionAnsweredAtOnce: with fail-open off, a request
+// rejected because the record is stale never joins the queue (issue 35 item
+// 8), even while the queue holds requests the dispatcher has not released
+// yet: it gets the all-busy 503 at once, without X-Workermon-Queued.
+func TestQueueStaleRejectionAnsweredAtOnce(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, envOptions{config: func(c *Config) {
+		c.QueueMaxWait = 30 * time.Second
+		c.QueuePace = time.Hour // the dispatcher does not release the queue during the test
+	}, watch: []busylist.WatchOption{busylist.WithFailOpen(false)}})
+	e := jsonEngine(t, "1")
+	env.putWorker(t, model, 1, e.srv.URL)
+	env.putRecord(t, model, nil, []uint64{1}, time.Now())
+	_ = env.send(t, t.Context(), queueBody, nil)
+	env.waitQueued(t, 1)
+	env.putRecord(t, model, nil, []uint64{1}, time.Now().Add(-time.Hour)) // stale on arrival
+	natstest.WaitFor(t, 10*time.Second, "a stale record", func() bool {
+		return env.watcher.DecideClass(model, admission.ClassStandard).Reason == admission.ReasonStale
+	})
+	start := time.Now()
+	resp, err := env.postWith(t.Context(), t, queueBody, map[string]string{MaxWaitHeader: "3000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := readAll(t, resp)
+	if resp.StatusCode != http.StatusServiceUnavailable || string(b) != string(admission.RejectBody(503)) || resp.Header.Get(QueuedHeader) != "" {
+		t.Errorf("a stale record's rejection behind a queue: %d %s, %s %q after %v; want the all-busy 503 at once, without %s",
+			resp.StatusCode, b, QueuedHeader, resp.Header.Get(QueuedHeader), time.Since(start), QueuedHeader)
+	}
+	if n := env.queued(); n != 1 {
+		t.Errorf("%d queued, want 1 (the request queued before)", n)
+	}
+}
+
 // TestQueueFailOpen: a record that turns stale releases every queued
 // request at once: admitted when failing open, the all-busy 503 when not.
 func TestQueueFailOpen(t *testing.T) {
