@@ -22,7 +22,7 @@ func TestRankBusy(t *testing.T) {
 		l    RankLoad
 		want Reason
 	}{
-		{"none set, huge load", events.Thresholds{}, RankLoad{1e9, 1, 1e9, 1}, 0},
+		{"none set, huge load", events.Thresholds{}, RankLoad{ActiveDecodeBlocks: 1e9, KVTotalBlocks: 1, ActivePrefillTokens: 1e9, MaxNumBatchedTokens: 1, KVCommittedBlocks: 1e9, QueueDelayMs: 1e9, QueueDelayKnown: true}, 0},
 		{"kv exactly at threshold", kv(0.8), RankLoad{ActiveDecodeBlocks: 80, KVTotalBlocks: 100}, 0},
 		{"kv one above", kv(0.8), RankLoad{ActiveDecodeBlocks: 81, KVTotalBlocks: 100}, ReasonKV},
 		{"kv total unknown", kv(0.8), RankLoad{ActiveDecodeBlocks: 1000}, 0},
@@ -154,7 +154,7 @@ func TestClassify(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var sc scratch
-			c, r, _ := classify(th, Fractions{Shed: DefaultShedFraction, Critical: DefaultCriticalFraction}, &worker{sources: sourcesOf(tt.sources)}, 0, freshAfter, &sc)
+			c, r, _, _ := classify(th, Fractions{Shed: DefaultShedFraction, Critical: DefaultCriticalFraction}, &worker{sources: sourcesOf(tt.sources)}, 0, now, freshAfter, DefaultRateWindow, &sc)
 			if c != tt.wantClass || r != tt.wantReason {
 				t.Fatalf("classify = %v %q, want %v %q", c, r, tt.wantClass, tt.wantReason)
 			}
@@ -262,7 +262,7 @@ func TestRankLevel(t *testing.T) {
 		want Level
 	}{
 		// No threshold set: every level is off.
-		{"none set, huge load", events.Thresholds{}, def, RankLoad{1e9, 1, 1e9, 1}, LevelFree},
+		{"none set, huge load", events.Thresholds{}, def, RankLoad{ActiveDecodeBlocks: 1e9, KVTotalBlocks: 1, ActivePrefillTokens: 1e9, MaxNumBatchedTokens: 1, KVCommittedBlocks: 1e9, QueueDelayMs: 1e9, QueueDelayKnown: true}, LevelFree},
 		{"kv unset, prefill set, decode full", pf(1000), def, RankLoad{ActiveDecodeBlocks: 100, KVTotalBlocks: 100, ActivePrefillTokens: 10}, LevelFree},
 		// Decode 0.8 of 100 blocks: amber above 0.8 × 0.8 × 100 = 64.00000000000001,
 		// busy above 80, hard above min(1.1 × 0.8, 1) × 100 = 88.00000000000001.
@@ -447,7 +447,7 @@ func TestClassifyLevels(t *testing.T) {
 			t.Parallel()
 			var sc scratch
 			w := &worker{sources: sourcesOf(map[string]*sourceState{"engine": src(0, tt.size, fresh, tt.ranks)})}
-			c, _, l := classify(th, def, w, 0, freshAfter, &sc)
+			c, _, l, _ := classify(th, def, w, 0, now, freshAfter, DefaultRateWindow, &sc)
 			if c != tt.wantClass || l != tt.wantLevel {
 				t.Fatalf("classify = %v %v, want %v %v", c, l, tt.wantClass, tt.wantLevel)
 			}
