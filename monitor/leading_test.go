@@ -302,3 +302,52 @@ func fmtF(p *float64) any {
 	}
 	return *p
 }
+
+// TestLeadingThresholdsInRecord: kv_committed and queue_delay make workers
+// busy from reports (contract §21), with their reasons joined in order; no
+// queue-delay check while the prefill rate is unknown; the record carries
+// both thresholds.
+func TestLeadingThresholdsInRecord(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, func(c *Config) {
+			c.Defaults = events.Thresholds{KVCommitted: events.Ptr(1.0), QueueDelayMs: events.Ptr[uint64](500)}
+		})
+		// Worker 1: 4000 tokens waiting, never measured: huge load, no
+		// rate, not busy. Worker 2: committed 101 of 100 blocks.
+		h.send(h.leadingReport(1, 1, 0, 4000, 0))
+		r := h.report(2, 0, 10, 100)
+		r.KVCommittedBlocks = events.Some(101)
+		h.send(r)
+		rec := h.expect([]uint64{2}, []uint64{1}, nil)
+		if rec.Reasons["2"] != "kv_committed" {
+			t.Fatalf("reasons %v, want kv_committed for 2", rec.Reasons)
+		}
+		if !rec.Thresholds.Equal(events.Thresholds{KVCommitted: events.Ptr(1.0), QueueDelayMs: events.Ptr[uint64](500)}) {
+			t.Fatalf("record thresholds %+v", rec.Thresholds)
+		}
+		// Worker 1 prefills 500 tokens every 100 ms: 5000 tokens/s, so
+		// 4000 tokens are 800 ms: busy for queue_delay.
+		var prefilled uint64
+		for range 10 {
+			time.Sleep(100 * time.Millisecond)
+			prefilled += 500
+			h.send(h.leadingReport(1, 1, prefilled, 4000, 0))
+		}
+		rec = h.expect([]uint64{1, 2}, nil, nil)
+		if rec.Reasons["1"] != "queue_delay" {
+			t.Fatalf("reasons %v, want queue_delay for 1", rec.Reasons)
+		}
+		// Both checks on one worker: joined in the contract's order.
+		both := h.leadingReport(1, 1, prefilled, 4000, 0)
+		both.KVCommittedBlocks = events.Some(500)
+		h.send(both)
+		if rec = h.expect([]uint64{1, 2}, nil, nil); rec.Reasons["1"] != "kv_committed+queue_delay" {
+			t.Fatalf("reasons %v, want kv_committed+queue_delay for 1", rec.Reasons)
+		}
+		// 2000 tokens at 5000/s are 400 ms: free (the rate is kept).
+		free := h.leadingReport(1, 1, prefilled, 2000, 0)
+		free.KVCommittedBlocks = events.Some(0)
+		h.send(free)
+		h.expect([]uint64{2}, []uint64{1}, nil)
+	})
+}
