@@ -467,8 +467,8 @@ func TestInspect(t *testing.T) {
 		status int
 		want   string
 	}{
-		{"/busy", 200, `{"records":[{"model":"a","busy":[1],"free":[],"stale":[],"all_busy":true,"amber":[],"hard":[1],"reasons":{"1":"kv"},"thresholds":{"active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null},"routers":0},` +
-			`{"model":"Qwen/Qwen3-0.6B","busy":[],"free":[2,3],"stale":[],"all_busy":false,"amber":[3],"hard":[],"reasons":{},"thresholds":{"active_decode_blocks_threshold":null,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null},"routers":2}]}`},
+		{"/busy", 200, `{"records":[{"model":"a","busy":[1],"free":[],"stale":[],"all_busy":true,"amber":[],"hard":[1],"reasons":{"1":"kv"},"thresholds":{"active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null},"routers":0,"saturation":0},` +
+			`{"model":"Qwen/Qwen3-0.6B","busy":[],"free":[2,3],"stale":[],"all_busy":false,"amber":[3],"hard":[],"reasons":{},"thresholds":{"active_decode_blocks_threshold":null,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null},"routers":2,"saturation":0}]}`},
 		{"/busy?model=nobody", 200, `{"records":[]}`},
 		{"/workers?model=a", 200, `{"workers":[{"model":"a","worker_id":1,"state":"busy","reason":"kv","sources":["engine"],"ranks":[0],"age_seconds":0}]}`},
 		{"/workers?model=nobody", 200, `{"workers":[]}`},
