@@ -69,7 +69,7 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 	}
 	m.acceptedLoad, m.acceptedBye = m.accepted.WithLabelValues("load"), m.accepted.WithLabelValues("goodbye")
 	decreases := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "workermon_counter_decreases_total",
+		Name: "workermon_report_fields_dropped_total",
 		Help: "Counters of a report (preemptions, prefilled_tokens) that went down within a boot: that field of the report was dropped, the rest applied.",
 	}, []string{"field"})
 	for i, name := range counterNames {
