@@ -148,9 +148,15 @@ func (d *rankLeading) preemptionRate(window time.Duration) (float64, bool) {
 	return d.preempts.rate(window)
 }
 
-// leadingRank returns w's derived state of rank r, adding it when absent.
-// The pointer is valid until the next rank is added.
+// leadingRank returns w's derived state of rank r, adding it when absent
+// (the first one for the boot of w's engine source). The pointer is valid
+// until the next rank is added.
 func (w *worker) leadingRank(r uint32) *rankLeading {
+	if len(w.leading) == 0 {
+		if src := w.source(events.SourceEngine); src != nil {
+			w.leadingBoot = src.bootID
+		}
+	}
 	lo, hi := 0, len(w.leading)
 	for lo < hi {
 		h := int(uint(lo+hi) >> 1)

@@ -184,15 +184,24 @@ type model struct {
 	metrics     modelMetrics
 	dirty       bool // the record changed since the last flush
 	queued      bool // in state.dirty
-	// satSum and satN are the sum and number of the saturations of the
-	// workers counted in the model's mean (contract §21); satQueued: the
-	// mean changed since the last flush (in state.satDirty); satGiven: the
-	// rounded mean last handed to the sink.
-	satSum    float64
+	// satSum and satN are the sum, in satUnits, and number of the
+	// saturations of the workers counted in the model's mean (contract
+	// §21); satQueued: the mean changed since the last flush (in
+	// state.satDirty); satGiven: the rounded mean last handed to the sink.
+	satSum    int64
 	satN      int
 	satQueued bool
 	satGiven  float64
 }
+
+// satUnit is the fixed point of the saturations a model sums: 2^-40, so
+// that adding and taking out a worker's saturation leaves no rounding
+// behind however often it changes, and a sum of up to 2 million workers at
+// the cap of 4 fits an int64. A saturation is exact to 2^-41.
+const satUnit = 1 << 40
+
+// toSatUnits converts a saturation in [0, MaxSaturation] to satUnits.
+func toSatUnits(sat float64) int64 { return int64(math.Round(sat * satUnit)) }
 
 // saturation is the mean saturation of m's fresh, uncordoned workers, 0
 // with none (contract §21).
@@ -200,7 +209,7 @@ func (m *model) saturation() float64 {
 	if m.satN == 0 {
 		return 0
 	}
-	return max(0, m.satSum/float64(m.satN))
+	return float64(m.satSum) / satUnit / float64(m.satN)
 }
 
 // setSaturation puts w's saturation in m's mean (counted) or takes it out,
@@ -213,32 +222,15 @@ func (m *model) setSaturation(w *worker, counted bool, sat float64) bool {
 		return false
 	}
 	if w.satCounted {
-		m.satSum -= w.saturation
+		m.satSum -= toSatUnits(w.saturation)
 		m.satN--
 	}
 	if counted {
-		m.satSum += sat
+		m.satSum += toSatUnits(sat)
 		m.satN++
 	}
 	w.saturation, w.satCounted = sat, counted
-	if m.satN == 0 {
-		m.satSum = 0 // no rounding left behind
-	}
 	return true
-}
-
-// resumSaturation recomputes m's sum of saturations from its workers,
-// dropping the rounding errors the running sum gathered.
-func (m *model) resumSaturation() {
-	var sum float64
-	n := 0
-	for _, w := range m.workers {
-		if w.satCounted {
-			sum += w.saturation
-			n++
-		}
-	}
-	m.satSum, m.satN = sum, n
 }
 
 func (m *model) list(c Class) *[]uint64 {
@@ -316,7 +308,6 @@ func remove(l *[]uint64, id uint64) {
 // record returns the content of the model's record. Everything in it is
 // freshly allocated: the Sink keeps it.
 func (m *model) record() events.BusySet {
-	m.resumSaturation()
 	m.satGiven = events.RoundSaturation(m.saturation())
 	return events.BusySet{
 		Model:      m.name,
@@ -506,7 +497,9 @@ func classify(t events.Thresholds, f Fractions, w *worker, margin float64, now, 
 		// A router's estimates never keep a silent engine alive.
 		return ClassStale, 0, LevelFree, 0
 	}
-	w.checkLeadingBoot()
+	if len(w.leading) > 0 {
+		w.checkLeadingBoot()
+	}
 	maxGap := now.Sub(freshAfter)
 	declared := unionSize(sc.spans)
 	var amber, busy, hard uint64 // ranks at that level or above
@@ -516,9 +509,14 @@ func classify(t events.Thresholds, f Fractions, w *worker, margin float64, now, 
 	sat := math.Inf(1)
 	rank := func(r uint32, a *rankAgg) {
 		l := a.load()
-		d := w.leadingRank(r)
-		d.observe(now, a.sample(), window, maxGap)
-		l.QueueDelayMs, l.QueueDelayKnown = d.queueDelay(l.ActivePrefillTokens, window)
+		// A rank whose engine sends neither counter has nothing to derive
+		// (a sample without them counts for nothing): its reports skip
+		// the derived state altogether.
+		if a.prefilled.Set || a.preemptions.Set {
+			d := w.leadingRank(r)
+			d.observe(now, a.sample(), window, maxGap)
+			l.QueueDelayMs, l.QueueDelayKnown = d.queueDelay(l.ActivePrefillTokens, window)
+		}
 		sat = min(sat, RankSaturation(t, l))
 		var c Latch
 		if margin == 0 {
