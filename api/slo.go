@@ -293,8 +293,9 @@ func (h *handler) sloControlAll(ctx context.Context) (map[string]*slo.Thresholds
 	return out, nil
 }
 
-// controlledThresholds is a model's reply under an enforced SLO: decode and
-// prefill as the controller applies them, _frac null.
+// controlledThresholds is a model's reply under an enforced SLO: decode,
+// prefill, kv_committed and queue_delay as the controller applies them,
+// _frac null.
 func (h *handler) controlledThresholds(ctx context.Context, model string, applied *slo.Thresholds) ModelThresholds {
 	mt := ModelThresholds{Model: model, ControlledBy: "slo"}
 	if applied == nil {
@@ -307,6 +308,12 @@ func (h *handler) controlledThresholds(ctx context.Context, model string, applie
 	}
 	mt.ActiveDecodeBlocks = events.Ptr(applied.Decode)
 	mt.ActivePrefillTokens = events.Ptr(applied.Prefill)
+	if applied.KVCommitted > 0 { // 0: a status of before §21, none held
+		mt.KVCommitted = events.Ptr(applied.KVCommitted)
+	}
+	if applied.QueueDelayMs > 0 {
+		mt.QueueDelayMs = events.Ptr(applied.QueueDelayMs)
+	}
 	return mt
 }
 

@@ -170,9 +170,10 @@ func (s *state) drainAllLatency() map[string]*slo.Window {
 	return out
 }
 
-// SetControlled hands model's decode and prefill thresholds to the SLO
-// controller (contract §18): while set they are in force instead of the
-// defaults and the override, and the fractional prefill threshold is off;
+// SetControlled hands model's decode, prefill, kv_committed and
+// queue_delay thresholds to the SLO controller (contracts §18, §21): while
+// set they are in force instead of the defaults and the override, and the
+// fractional prefill threshold is off;
 // nil gives the model back to its override and the defaults. The model's
 // record is recomputed at once.
 func (m *Monitor) SetControlled(ctx context.Context, model string, t *slo.Thresholds) error {
@@ -182,6 +183,14 @@ func (m *Monitor) SetControlled(ctx context.Context, model string, t *slo.Thresh
 	var th *events.Thresholds
 	if t != nil {
 		th = &events.Thresholds{ActiveDecodeBlocks: events.Ptr(t.Decode), ActivePrefillTokens: events.Ptr(t.Prefill)}
+		// The leading thresholds (contract §21); 0 is a controller of
+		// before §21 that holds none: unset.
+		if t.KVCommitted > 0 {
+			th.KVCommitted = events.Ptr(t.KVCommitted)
+		}
+		if t.QueueDelayMs > 0 {
+			th.QueueDelayMs = events.Ptr(t.QueueDelayMs)
+		}
 		if err := th.Validate(); err != nil {
 			return fmt.Errorf("monitor: set controlled thresholds of %q: %w", model, err)
 		}

@@ -77,7 +77,7 @@ func runSim(t *testing.T, seed uint64) []simRow {
 	}
 	c := slo.DefaultConfig()
 	target := slo.Target{TTFTms: float64(prof.SLO.TTFT.Milliseconds()), ITLms: float64(prof.SLO.ITL.Milliseconds()), Percentile: 0.9}
-	st := slo.Start(c, nil, nil)
+	st := slo.Start(c, slo.Base{})
 	rng := rand.New(rand.NewPCG(seed, 7))
 	start := time.Unix(0, 0)
 	now := start

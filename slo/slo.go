@@ -69,6 +69,19 @@ const (
 	DefaultSmoothing = 0.3
 	// DefaultPercentile is the percentile of a target that names none.
 	DefaultPercentile = 0.9
+	// DefaultCommittedMin and DefaultCommittedMax are
+	// --slo-committed-range (contract §21).
+	DefaultCommittedMin = 0.5
+	DefaultCommittedMax = 2
+	// DefaultDelayMin and DefaultDelayMax are --slo-delay-range, in
+	// milliseconds (contract §21).
+	DefaultDelayMin = 100
+	DefaultDelayMax = 60000
+	// MaxCommitted is the largest kv_committed_threshold (contract §21).
+	MaxCommitted = 4
+	// MaxDelay bounds the top of --slo-delay-range: 2^53 ms, as
+	// MaxPrefill (the steps compute in float64).
+	MaxDelay = 1 << 53
 )
 
 // Errors.
@@ -108,6 +121,13 @@ type Config struct {
 	HoldsToReset           int
 	InfeasibleMove         float64
 	Smoothing              float64
+	// CommittedMin and CommittedMax bound kv_committed_threshold
+	// (--slo-committed-range), DelayMin and DelayMax
+	// queue_delay_threshold_ms (--slo-delay-range); both minimums > 0.
+	CommittedMin, CommittedMax float64
+	DelayMin, DelayMax         uint64
+	// Lead shapes the moves of the leading thresholds (leading.go).
+	Lead Lead
 }
 
 // DefaultConfig is the configuration of contract §18's defaults.
@@ -119,7 +139,10 @@ func DefaultConfig() Config {
 		DecodeStep:      DefaultDecodeStep, DecodeStepMin: DefaultDecodeStepMin, DecodeStepMax: DefaultDecodeStepMax,
 		PrefillGain: DefaultPrefillGain, Headroom: DefaultHeadroom,
 		HoldsToReset: DefaultHoldsToReset, InfeasibleMove: DefaultInfeasibleMove,
-		Smoothing: DefaultSmoothing,
+		Smoothing:    DefaultSmoothing,
+		CommittedMin: DefaultCommittedMin, CommittedMax: DefaultCommittedMax,
+		DelayMin: DefaultDelayMin, DelayMax: DefaultDelayMax,
+		Lead: DefaultLead(),
 	}
 }
 
@@ -159,6 +182,16 @@ func (c Config) Validate() error {
 	if !(c.Smoothing > 0 && c.Smoothing <= 1) {
 		bad("smoothing %v must be in (0, 1]", c.Smoothing)
 	}
+	if !(c.CommittedMin > 0 && c.CommittedMin <= c.CommittedMax && c.CommittedMax <= MaxCommitted) {
+		bad("committed range %v-%v must satisfy 0 < min <= max <= %d", c.CommittedMin, c.CommittedMax, MaxCommitted)
+	}
+	if c.DelayMin == 0 || c.DelayMin > c.DelayMax {
+		bad("delay range %d-%d must satisfy 0 < min <= max", c.DelayMin, c.DelayMax)
+	}
+	if c.DelayMax > MaxDelay {
+		bad("delay range %d-%d must end at or below %d ms (2^53)", c.DelayMin, c.DelayMax, uint64(MaxDelay))
+	}
+	errs = append(errs, c.Lead.validate()...)
 	return errors.Join(errs...)
 }
 
@@ -197,10 +230,16 @@ func (t Target) MinSamples() uint64 {
 	return uint64(max(20, math.Ceil(5/(1-t.Percentile)-1e-9)))
 }
 
-// Thresholds are the two thresholds the controller moves.
+// Thresholds are the thresholds the controller moves: the decode and
+// prefill thresholds of contract §18 and the two of the leading signals of
+// §21. KVCommitted and QueueDelayMs are 0 in a status stored before §21
+// (both ranges start above 0): Next takes that as unset, the top of the
+// range.
 type Thresholds struct {
-	Decode  float64 `json:"active_decode_blocks_threshold"`
-	Prefill uint64  `json:"active_prefill_tokens_threshold"`
+	Decode       float64 `json:"active_decode_blocks_threshold"`
+	Prefill      uint64  `json:"active_prefill_tokens_threshold"`
+	KVCommitted  float64 `json:"kv_committed_threshold"`
+	QueueDelayMs uint64  `json:"queue_delay_threshold_ms"`
 }
 
 // Window is what the model's workers measured since the last move, merged.
@@ -208,6 +247,12 @@ type Window struct {
 	TTFT, ITL Hist
 	Rejected  uint64
 	Queued    uint64
+	// The leading inputs (contract §21): Preemptions is how many
+	// preemptions the model's ranks counted in the window; QueueDelayMs
+	// is the largest predicted queue delay of the model's fresh ranks at
+	// its end, in milliseconds (0 when none is known).
+	Preemptions  uint64
+	QueueDelayMs float64
 }
 
 // Measured is what the controller saw in its last window.
@@ -220,6 +265,10 @@ type Measured struct {
 	ITLSamples     uint64   `json:"itl_samples"`
 	Rejected       uint64   `json:"rejected"`
 	Queued         uint64   `json:"queued"`
+	// Preemptions and QueueDelayMs are the window's leading inputs
+	// (contract §21); QueueDelayMs is nil when no rank's is known.
+	Preemptions  uint64   `json:"preemptions"`
+	QueueDelayMs *float64 `json:"queue_delay_ms"`
 }
 
 // Status is the controller's state between moves, stored in
@@ -251,19 +300,41 @@ type Status struct {
 	// Smoothed: Attainment and Ratio were judged at the thresholds in
 	// force, so the next judgment is smoothed with them; a move clears it.
 	Smoothed bool `json:"smoothed"`
+	// The leading thresholds' state (leading.go): intervals to wait before
+	// the next step down of each, and intervals since its last miss.
+	CommittedWait  int `json:"committed_wait"`
+	DelayWait      int `json:"delay_wait"`
+	CommittedQuiet int `json:"committed_quiet"`
+	DelayQuiet     int `json:"delay_quiet"`
+}
+
+// Base is a model's effective thresholds as the monitor has them, nil
+// where unset.
+type Base struct {
+	Decode       *float64
+	Prefill      *uint64
+	KVCommitted  *float64
+	QueueDelayMs *uint64
 }
 
 // Start is the first status of a model: its effective thresholds clamped
 // into the ranges, the top of a range where a threshold is unset (nil).
-func Start(c Config, decode *float64, prefill *uint64) Status {
-	t := Thresholds{Decode: c.DecodeMax, Prefill: c.PrefillMax}
-	if decode != nil {
-		t.Decode = min(max(*decode, c.DecodeMin), c.DecodeMax)
+func Start(c Config, b Base) Status {
+	t := Thresholds{Decode: c.DecodeMax, Prefill: c.PrefillMax, KVCommitted: c.CommittedMax, QueueDelayMs: c.DelayMax}
+	if b.Decode != nil {
+		t.Decode = *b.Decode
 	}
-	if prefill != nil {
-		t.Prefill = min(max(*prefill, c.PrefillMin), c.PrefillMax)
+	if b.Prefill != nil {
+		t.Prefill = *b.Prefill
 	}
-	return Status{State: StateNoData, Suggested: t, Step: c.DecodeStep}
+	if b.KVCommitted != nil {
+		// 0 is below every range: clamped to its floor, not taken as unset.
+		t.KVCommitted = max(*b.KVCommitted, c.CommittedMin)
+	}
+	if b.QueueDelayMs != nil {
+		t.QueueDelayMs = max(*b.QueueDelayMs, c.DelayMin)
+	}
+	return Status{State: StateNoData, Suggested: clamp(c, t), Step: c.DecodeStep}
 }
 
 // Move is the direction of one step: -1 down, 0 none, +1 up.
@@ -271,16 +342,34 @@ type Move int
 
 // Next judges window w against target t and returns the next status; its
 // Suggested thresholds are the ones to apply, and the Move says whether they
-// moved.
+// moved (-1 when any threshold went down).
 func Next(c Config, t Target, prev Status, w *Window) (Status, Move) {
 	s := prev
 	s.Suggested = clamp(c, prev.Suggested)
 	if !(s.Step >= c.DecodeStepMin && s.Step <= c.DecodeStepMax) {
 		s.Step = c.DecodeStep
 	}
+	s.Measured = Measured{Rejected: w.Rejected, Queued: w.Queued, Preemptions: w.Preemptions}
+	if w.QueueDelayMs > 0 {
+		d := w.QueueDelayMs
+		s.Measured.QueueDelayMs = &d
+	}
+	lm := leadingMisses(t, w)
+	s, move, raise := s.lagging(c, t, prev, w, lm.any())
+	ttftMiss := s.Measured.TTFTAttainment != nil && s.Measured.TTFTSamples >= t.MinSamples() &&
+		*s.Measured.TTFTAttainment < t.Percentile
+	lm.delay = lm.delay || ttftMiss
+	return s.leading(c, t, move, raise, lm)
+}
+
+// lagging is contract §18's controller of the decode and prefill
+// thresholds on the measured latency. A leading miss (lead) holds off its
+// steps up. raise reports that the window would let thresholds go up:
+// rejections or queueing, and every signal met with headroom or no sample
+// at all.
+func (s Status) lagging(c Config, t Target, prev Status, w *Window, lead bool) (_ Status, _ Move, raise bool) {
 	minN := t.MinSamples()
-	s.Measured = Measured{Rejected: w.Rejected, Queued: w.Queued}
-	pressure := w.Rejected > 0 || w.Queued > 0
+	pressure := (w.Rejected > 0 || w.Queued > 0) && !lead
 
 	att := math.Inf(1) // the worst judged attainment
 	ratio := 0.0       // the worst judged percentile latency ÷ target
@@ -321,11 +410,12 @@ func Next(c Config, t Target, prev Status, w *Window) (Status, Move) {
 	case !samples && pressure:
 		// Rejections or queueing and no sample at all: the fleet sheds
 		// without evidence of latency trouble.
-		return s.move(c, +1, true)
+		s, m := s.move(c, +1, true)
+		return s, m, true
 	case !judged, short && att >= t.Percentile:
 		// Too few samples to judge every signal, and none of those judged
 		// misses: hold (the caller pools the windows, see Pool).
-		return s.hold(c, StateNoData), 0
+		return s.hold(c, StateNoData), 0, false
 	}
 
 	// Smoothing: while the thresholds hold still, each judgment is
@@ -343,7 +433,7 @@ func Next(c Config, t Target, prev Status, w *Window) (Status, Move) {
 
 	if prev.State == StateInfeasible {
 		if att < t.Percentile && math.Abs(att-prev.InfeasibleAt) <= c.InfeasibleMove {
-			return s.hold(c, StateInfeasible), 0
+			return s.hold(c, StateInfeasible), 0, false
 		}
 		s.Streak, s.StreakBest, s.StreakRatio = 0, 0, 0
 	}
@@ -362,27 +452,29 @@ func Next(c Config, t Target, prev Status, w *Window) (Status, Move) {
 		}
 		if s.Streak >= c.InfeasibleAfter {
 			s.InfeasibleAt = att
-			return s.hold(c, StateInfeasible), 0
+			return s.hold(c, StateInfeasible), 0, false
 		}
 		// A small miss (less than half the allowed share of misses) right
 		// after a step down waits one interval for that step to show, and
 		// never speeds the step up.
 		small := t.Percentile-att < (1-t.Percentile)/2
 		if small && prev.Dir == -1 && prev.Holds == 0 {
-			return s.hold(c, StateLowering), 0
+			return s.hold(c, StateLowering), 0, false
 		}
-		return s.move(c, -1, !small)
+		s, m := s.move(c, -1, !small)
+		return s, m, false
 	case pressure && headroom && !(prev.Dir == +1 && prev.Holds == 0):
 		// A step up waits one interval after the last one: half of the
 		// window after a move was measured under the old thresholds.
 		s.Streak, s.StreakBest, s.StreakRatio = 0, 0, 0
-		return s.move(c, +1, true)
+		s, m := s.move(c, +1, true)
+		return s, m, true
 	case pressure && headroom:
 		s.Streak, s.StreakBest, s.StreakRatio = 0, 0, 0
-		return s.hold(c, StateRaising), 0
+		return s.hold(c, StateRaising), 0, true
 	default:
 		s.Streak, s.StreakBest, s.StreakRatio = 0, 0, 0
-		return s.hold(c, StateSteady), 0
+		return s.hold(c, StateSteady), 0, false
 	}
 }
 
@@ -525,5 +617,13 @@ func clamp(c Config, t Thresholds) Thresholds {
 		t.Decode = c.DecodeMax
 	}
 	t.Prefill = min(max(t.Prefill, c.PrefillMin), c.PrefillMax)
+	if !(t.KVCommitted > 0) { // unset (a status from before §21), or NaN
+		t.KVCommitted = c.CommittedMax
+	}
+	t.KVCommitted = min(max(t.KVCommitted, c.CommittedMin), c.CommittedMax)
+	if t.QueueDelayMs == 0 {
+		t.QueueDelayMs = c.DelayMax
+	}
+	t.QueueDelayMs = min(max(t.QueueDelayMs, c.DelayMin), c.DelayMax)
 	return t
 }

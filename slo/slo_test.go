@@ -129,10 +129,10 @@ func TestStart(t *testing.T) {
 		prefill *uint64
 		want    slo.Thresholds
 	}{
-		{"unset: top", nil, nil, slo.Thresholds{Decode: 0.98, Prefill: 1048576}},
-		{"clamped", &d, &p, slo.Thresholds{Decode: 0.3, Prefill: 4096}},
+		{"unset: top", nil, nil, slo.Thresholds{Decode: 0.98, Prefill: 1048576, KVCommitted: 2, QueueDelayMs: 60000}},
+		{"clamped", &d, &p, slo.Thresholds{Decode: 0.3, Prefill: 4096, KVCommitted: 2, QueueDelayMs: 60000}},
 	} {
-		st := slo.Start(c, tc.decode, tc.prefill)
+		st := slo.Start(c, slo.Base{Decode: tc.decode, Prefill: tc.prefill})
 		if st.Suggested != tc.want || st.State != slo.StateNoData {
 			t.Errorf("%s: Start = %+v, want %+v", tc.name, st, tc.want)
 		}
@@ -183,7 +183,9 @@ func TestNextRules(t *testing.T) {
 		{"one signal short while the other meets: hold", slo.Target{TTFTms: 1000, ITLms: 50, Percentile: 0.9}, mid,
 			&slo.Window{TTFT: window(100, 1, 0).TTFT, ITL: window(10, 1, 0).ITL, Rejected: 3}, slo.StateNoData, 0, mid.Suggested},
 		{"one signal short while the other misses: down", slo.Target{TTFTms: 100, ITLms: 50, Percentile: 0.9}, mid,
-			&slo.Window{TTFT: window(100, 1, 0).TTFT, ITL: window(10, 1, 0).ITL}, slo.StateLowering, -1, slo.Thresholds{Decode: 0.56, Prefill: 80645}},
+			&slo.Window{TTFT: window(100, 1, 0).TTFT, ITL: window(10, 1, 0).ITL}, slo.StateLowering, -1,
+			// A measured TTFT miss brings queue_delay to half the target at once (the floor here).
+			slo.Thresholds{Decode: 0.56, Prefill: 80645, KVCommitted: 2, QueueDelayMs: 100}},
 		{"signal without target ignored", slo.Target{ITLms: 50, Percentile: 0.9}, mid, window(100, 1, 0), slo.StateSteady, 0, mid.Suggested},
 		{"min samples follow the percentile", slo.Target{ITLms: 50, Percentile: 0.99}, mid, window(499, 0, 0), slo.StateNoData, 0, mid.Suggested},
 		{"top of the ranges: nothing to gain", target,
@@ -196,6 +198,11 @@ func TestNextRules(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			st, m := slo.Next(c, tc.target, tc.prev, tc.w)
+			// The leading thresholds: unset (0) in prev, at the top of
+			// their ranges after.
+			if tc.want.KVCommitted == 0 && tc.want.QueueDelayMs == 0 {
+				tc.want.KVCommitted, tc.want.QueueDelayMs = c.CommittedMax, c.DelayMax
+			}
 			if st.State != tc.state || m != tc.move || st.Suggested != tc.want {
 				t.Errorf("Next = %s %+d %+v, want %s %+d %+v", st.State, m, st.Suggested, tc.state, tc.move, tc.want)
 			}
@@ -206,7 +213,7 @@ func TestNextRules(t *testing.T) {
 func TestNextMeasured(t *testing.T) {
 	t.Parallel()
 	c := slo.DefaultConfig()
-	st, _ := slo.Next(c, slo.Target{ITLms: 50, Percentile: 0.9}, slo.Start(c, nil, nil), window(10, 0.5, 2))
+	st, _ := slo.Next(c, slo.Target{ITLms: 50, Percentile: 0.9}, slo.Start(c, slo.Base{}), window(10, 0.5, 2))
 	m := st.Measured
 	if m.ITLSamples != 10 || m.ITLAttainment == nil || *m.ITLAttainment != 0.5 || m.TTFTAttainment != nil || m.Rejected != 2 {
 		t.Errorf("Measured = %+v", m)
@@ -250,7 +257,7 @@ func TestInfeasibleNotWhileImproving(t *testing.T) {
 	t.Parallel()
 	c := slo.DefaultConfig()
 	target := slo.Target{ITLms: 50, Percentile: 0.9}
-	st := slo.Start(c, nil, nil)
+	st := slo.Start(c, slo.Base{})
 	for i := range 10 {
 		var w slo.Window
 		for range 100 {
@@ -337,7 +344,7 @@ func TestPoolUnderPressure(t *testing.T) {
 	c := slo.DefaultConfig()
 	target := slo.Target{TTFTms: 500, Percentile: 0.9}
 	for _, rejected := range []uint64{20, 0} {
-		st := slo.Start(c, new(0.3), nil)
+		st := slo.Start(c, slo.Base{Decode: new(0.3)})
 		start := st.Suggested
 		var p slo.Pool
 		raisedAt := -1

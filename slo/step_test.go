@@ -81,7 +81,7 @@ func runStep(t *testing.T, seed uint64) []stepRow {
 	t.Helper()
 	c := slo.DefaultConfig()
 	target := slo.Target{ITLms: 40, Percentile: 0.9}
-	st := slo.Start(c, nil, nil)
+	st := slo.Start(c, slo.Base{})
 	p := &plant{rng: rand.New(rand.NewPCG(seed, 1)), prev: st.Suggested.Decode}
 	var rows []stepRow
 	i := 0

@@ -32,6 +32,7 @@ import (
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/promreg"
 	"github.com/workermon/workermon/internal/retry"
+	"github.com/workermon/workermon/monitor"
 	"github.com/workermon/workermon/overrides"
 	"github.com/workermon/workermon/slo"
 )
@@ -71,11 +72,14 @@ var (
 )
 
 // Monitor is what the controller needs of the monitor; *monitor.Monitor
-// implements it.
+// implements it. Loads gives the leading inputs (contract §21): each rank's
+// preemption counter and predicted queue delay, read once per round for
+// each model the controller holds.
 type Monitor interface {
 	DrainLatency(ctx context.Context) (map[string]*slo.Window, error)
 	SetControlled(ctx context.Context, model string, t *slo.Thresholds) error
 	BaseThresholds(ctx context.Context, model string) (events.Thresholds, error)
+	Loads(ctx context.Context, model string) ([]monitor.LoadRow, error)
 }
 
 // Store is the status part of the SLO bucket; *overrides.SLOStore
@@ -155,6 +159,22 @@ type held struct {
 	// pool adds up the windows of intervals with too few samples (kept in
 	// memory only: a new holder starts pooling again).
 	pool slo.Pool
+	// preempts are the preemption counters of the model's ranks at the
+	// last round (kept in memory only: a new holder counts from its first
+	// round).
+	preempts map[rankKey]counter
+}
+
+// rankKey names a rank of a model.
+type rankKey struct {
+	worker uint64
+	rank   uint32
+}
+
+// counter is a rank's preemption counter as last read, with the boot of
+// the engine that counts it.
+type counter struct {
+	boot, value uint64
 }
 
 // slot is a model's SLO as the controller has it, with the generation of
@@ -406,7 +426,11 @@ func (c *Controller) step(ctx context.Context, model string, s slot, w *slo.Wind
 	if w == nil {
 		w = &slo.Window{}
 	}
-	w = h.pool.Window(v.Target(), w)
+	lw := *w
+	if err := c.leading(ctx, model, h, &lw); err != nil {
+		return err
+	}
+	w = h.pool.Window(v.Target(), &lw) // pools the latency, never the leading inputs
 	next, move := slo.Next(c.cfg.Controller, v.Target(), h.status.Controller, w)
 	h.pool.After(v.Target(), next, w)
 	st := overrides.SLOStatus{
@@ -447,6 +471,38 @@ func (c *Controller) step(ctx context.Context, model string, s slot, w *slo.Wind
 	return nil
 }
 
+// leading fills w's leading inputs (contract §21) from the monitor's view
+// of model's ranks: the preemptions counted since the previous round (a
+// rank's first reading, or its engine's new boot, sets the baseline and
+// counts nothing; a counter that went down counts from 0) and the largest
+// predicted queue delay of the fresh ranks now.
+func (c *Controller) leading(ctx context.Context, model string, h *held, w *slo.Window) error {
+	rows, err := c.cfg.Monitor.Loads(ctx, model)
+	if err != nil {
+		return fmt.Errorf("read the leading values: %w", err)
+	}
+	last := h.preempts
+	h.preempts = make(map[rankKey]counter, len(rows))
+	for _, r := range rows {
+		if r.Stale {
+			continue
+		}
+		if r.QueueDelayMs != nil && *r.QueueDelayMs > w.QueueDelayMs {
+			w.QueueDelayMs = *r.QueueDelayMs
+		}
+		if r.Preemptions == nil {
+			continue
+		}
+		k := rankKey{r.WorkerID, r.DPRank}
+		now := counter{boot: r.Sources[events.SourceEngine].BootID, value: *r.Preemptions}
+		h.preempts[k] = now
+		if before, ok := last[k]; ok && before.boot == now.boot && now.value >= before.value {
+			w.Preemptions = slo.AddCount(w.Preemptions, now.value-before.value)
+		}
+	}
+	return nil
+}
+
 // adopt starts controlling a model whose partition this monitor holds
 // under epoch: from its status in the bucket (a takeover continues from
 // there), else from the monitor's thresholds clamped into the ranges. It
@@ -478,7 +534,8 @@ func (c *Controller) adopt(ctx context.Context, model string, s slot, epoch uint
 			if err != nil {
 				return nil, err
 			}
-			start := slo.Start(c.cfg.Controller, base.ActiveDecodeBlocks, base.ActivePrefillTokens)
+			start := slo.Start(c.cfg.Controller, slo.Base{Decode: base.ActiveDecodeBlocks, Prefill: base.ActivePrefillTokens,
+				KVCommitted: base.KVCommitted, QueueDelayMs: base.QueueDelayMs})
 			claim = overrides.SLOStatus{Model: model, State: start.State, Suggested: start.Suggested,
 				UpdatedAt: c.cfg.Now().UnixNano(), Controller: start}
 		}
@@ -575,7 +632,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		threshold: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "workermon_slo_threshold",
-			Help: "Thresholds the SLO controller holds for a model, on the monitor that holds it: applied under enforce, suggested under shadow (threshold decode or prefill).",
+			Help: "Thresholds the SLO controller holds for a model, on the monitor that holds it: applied under enforce, suggested under shadow (threshold decode, prefill, kv_committed or queue_delay).",
 		}, []string{"model", "threshold"}),
 		attainment: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "workermon_slo_attainment",
@@ -597,6 +654,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 func (m *metrics) observe(model string, st overrides.SLOStatus, move slo.Move) {
 	m.threshold.WithLabelValues(model, "decode").Set(st.Suggested.Decode)
 	m.threshold.WithLabelValues(model, "prefill").Set(float64(st.Suggested.Prefill))
+	m.threshold.WithLabelValues(model, "kv_committed").Set(st.Suggested.KVCommitted)
+	m.threshold.WithLabelValues(model, "queue_delay").Set(float64(st.Suggested.QueueDelayMs))
 	set := func(signal string, a *float64) {
 		if a == nil {
 			m.attainment.DeleteLabelValues(model, signal)

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/monitor"
 	"github.com/workermon/workermon/overrides"
 	"github.com/workermon/workermon/slo"
 	"github.com/workermon/workermon/sloctl"
@@ -21,6 +22,14 @@ type fakeMonitor struct {
 	windows    map[string]*slo.Window
 	controlled map[string]*slo.Thresholds
 	base       events.Thresholds
+	// rows are the ranks Loads returns, by model.
+	rows map[string][]monitor.LoadRow
+}
+
+func (f *fakeMonitor) Loads(_ context.Context, model string) ([]monitor.LoadRow, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rows[model], nil
 }
 
 func (f *fakeMonitor) DrainLatency(context.Context) (map[string]*slo.Window, error) {
@@ -76,6 +85,7 @@ var (
 	_ sloctl.Monitor = (*fakeMonitor)(nil)
 	_ sloctl.Store   = (*fakeStore)(nil)
 	_ sloctl.Store   = (*overrides.SLOStore)(nil)
+	_ sloctl.Monitor = (*monitor.Monitor)(nil)
 )
 
 const model = "org/model"
@@ -153,8 +163,8 @@ func TestEnforce(t *testing.T) {
 		t.Errorf("moves down = %v, want 1", n)
 	}
 	// The families of §18 gathered, and clean by promtool's rules.
-	if n, err := testutil.GatherAndCount(e.reg, "workermon_slo_threshold", "workermon_slo_attainment", "workermon_slo_moves_total"); err != nil || n != 4 {
-		t.Errorf("gathered %d series of the slo families, want 4 (decode, prefill, itl, down): %v", n, err)
+	if n, err := testutil.GatherAndCount(e.reg, "workermon_slo_threshold", "workermon_slo_attainment", "workermon_slo_moves_total"); err != nil || n != 6 {
+		t.Errorf("gathered %d series of the slo families, want 6 (decode, prefill, kv_committed, queue_delay, itl, down): %v", n, err)
 	}
 	if problems, err := testutil.GatherAndLint(e.reg); err != nil || len(problems) > 0 {
 		t.Errorf("lint: %v %v", problems, err)

@@ -34,15 +34,21 @@ type sloOptions struct {
 	interval time.Duration
 	decode   floatRange
 	prefill  uintRange
-	maxSLOs  int
+	// committed and delay bound the thresholds of the leading signals
+	// (contract §21).
+	committed floatRange
+	delay     uintRange
+	maxSLOs   int
 }
 
 func defaultSLOOptions() sloOptions {
 	return sloOptions{
-		interval: sloctl.DefaultInterval,
-		maxSLOs:  sloctl.DefaultMaxSLOs,
-		decode:   floatRange{slo.DefaultDecodeMin, slo.DefaultDecodeMax},
-		prefill:  uintRange{slo.DefaultPrefillMin, slo.DefaultPrefillMax},
+		interval:  sloctl.DefaultInterval,
+		maxSLOs:   sloctl.DefaultMaxSLOs,
+		decode:    floatRange{slo.DefaultDecodeMin, slo.DefaultDecodeMax},
+		prefill:   uintRange{slo.DefaultPrefillMin, slo.DefaultPrefillMax},
+		committed: floatRange{slo.DefaultCommittedMin, slo.DefaultCommittedMax},
+		delay:     uintRange{slo.DefaultDelayMin, slo.DefaultDelayMax},
 	}
 }
 
@@ -50,14 +56,24 @@ func (o *sloOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.interval, "slo-interval", o.interval, "the SLO controller moves a model's thresholds at most once per interval")
 	fs.Var(&o.decode, "slo-decode-range", "range MIN-MAX the SLO controller keeps the decode threshold in")
 	fs.Var(&o.prefill, "slo-prefill-range", "range MIN-MAX (tokens) the SLO controller keeps the prefill threshold in")
+	fs.Var(&o.committed, "slo-committed-range", "range MIN-MAX (fractions of the KV cache, 0 < MIN <= MAX <= 4) the SLO controller keeps kv_committed_threshold in")
+	fs.Var(&o.delay, "slo-delay-range", "range MIN-MAX (milliseconds, MIN > 0) the SLO controller keeps queue_delay_threshold_ms in")
 	fs.IntVar(&o.maxSLOs, "max-slos", o.maxSLOs, "most models with an SLO; a new SLO beyond is refused")
 }
 
 // controllerConfig checks the options and returns the controller's bounds.
 func (o sloOptions) controllerConfig() (slo.Config, error) {
+	ranges := []struct {
+		flag  string
+		value fmt.Stringer
+		set   func(*slo.Config)
+	}{
+		{"slo-decode-range", &o.decode, func(c *slo.Config) { c.DecodeMin, c.DecodeMax = o.decode.min, o.decode.max }},
+		{"slo-prefill-range", &o.prefill, func(c *slo.Config) { c.PrefillMin, c.PrefillMax = o.prefill.min, o.prefill.max }},
+		{"slo-committed-range", &o.committed, func(c *slo.Config) { c.CommittedMin, c.CommittedMax = o.committed.min, o.committed.max }},
+		{"slo-delay-range", &o.delay, func(c *slo.Config) { c.DelayMin, c.DelayMax = o.delay.min, o.delay.max }},
+	}
 	c := slo.DefaultConfig()
-	c.DecodeMin, c.DecodeMax = o.decode.min, o.decode.max
-	c.PrefillMin, c.PrefillMax = o.prefill.min, o.prefill.max
 	var errs []error
 	if o.interval <= 0 {
 		errs = append(errs, fmt.Errorf("serve: --slo-interval %v must be positive", o.interval))
@@ -65,8 +81,14 @@ func (o sloOptions) controllerConfig() (slo.Config, error) {
 	if o.maxSLOs < 1 {
 		errs = append(errs, fmt.Errorf("serve: --max-slos %d must be at least 1", o.maxSLOs))
 	}
-	if err := c.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("serve: --slo-decode-range or --slo-prefill-range: %w", err))
+	// Each range checked on its own, so that an error names its flag.
+	for _, r := range ranges {
+		one := slo.DefaultConfig()
+		r.set(&one)
+		if err := one.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("serve: --%s %s: %w", r.flag, r.value, err))
+		}
+		r.set(&c)
 	}
 	return c, errors.Join(errs...)
 }
