@@ -412,6 +412,16 @@ func (s Status) lagging(c Config, t Target, prev Status, w *Window, lead bool) (
 		// without evidence of latency trouble.
 		s, m := s.move(c, +1, true)
 		return s, m, true
+	case lead && (!judged || att >= t.Percentile):
+		// A leading miss (contract §21) counts as a miss before the
+		// samples show one: a step down, the step never sped up, and
+		// right after a step down it waits one interval for it to show.
+		if prev.Dir == -1 && prev.Holds == 0 {
+			return s.hold(c, StateLowering), 0, false
+		}
+		s.Streak, s.StreakBest, s.StreakRatio = 0, 0, 0
+		s, m := s.move(c, -1, false)
+		return s, m, false
 	case !judged, short && att >= t.Percentile:
 		// Too few samples to judge every signal, and none of those judged
 		// misses: hold (the caller pools the windows, see Pool).

@@ -468,6 +468,13 @@ func (c *Controller) step(ctx context.Context, model string, s slot, w *slo.Wind
 	}
 	c.applied[model] = th != nil
 	c.metrics.observe(model, st, move)
+	if c.log.Enabled(ctx, slog.LevelDebug) {
+		c.log.Debug("slo: round", "model", model, "state", st.State, "move", int(move),
+			"decode", st.Suggested.Decode, "prefill", st.Suggested.Prefill,
+			"kv_committed", st.Suggested.KVCommitted, "queue_delay_ms", st.Suggested.QueueDelayMs,
+			"ttft_samples", st.Measured.TTFTSamples, "itl_samples", st.Measured.ITLSamples,
+			"rejected", st.Measured.Rejected, "preemptions", st.Measured.Preemptions, "queue_delay_measured_ms", fmtDelay(st.Measured.QueueDelayMs))
+	}
 	return nil
 }
 
@@ -680,4 +687,12 @@ func (m *metrics) forget(model string) {
 	m.threshold.DeletePartialMatch(prometheus.Labels{"model": model})
 	m.attainment.DeletePartialMatch(prometheus.Labels{"model": model})
 	m.moves.DeletePartialMatch(prometheus.Labels{"model": model})
+}
+
+// fmtDelay is a measured queue delay for the log: "-" when unknown.
+func fmtDelay(d *float64) string {
+	if d == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", *d)
 }
