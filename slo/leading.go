@@ -24,7 +24,9 @@ import (
 //   - after a step down a threshold waits Settle intervals before the next:
 //     the preemptions and queues of those intervals were admitted under
 //     the old value;
-//   - a leading miss holds off every step up (the lagging ones too);
+//   - a leading miss holds off every step up (the lagging ones too), and
+//     counts as a miss of the lagging controller where its samples show
+//     none yet (see Next);
 //   - a threshold goes up by the factor Up per interval only after Quiet
 //     intervals without a miss of its side, while the lagging controller
 //     would go up too (rejections or queueing, every signal met with
