@@ -14,7 +14,9 @@ import (
 //     whatever the attainment. kv_committed comes down at once to
 //     CommittedAnchor (1: no more committed than the cache holds, the
 //     point at which, were every estimate right, nothing would be
-//     preempted) when above it, else by the factor Down;
+//     preempted) when above it, and holds there: below it a threshold
+//     cannot take back what the ranks hold already, and lower values cost
+//     chat loads their throughput (measured, docs/slo.md);
 //   - a TTFT miss: a rank's predicted queue delay is above the TTFT target
 //     (before any sample of the requests that wait exists), or the
 //     measured TTFT attainment is below the percentile. queue_delay comes
@@ -24,9 +26,9 @@ import (
 //   - after a step down a threshold waits Settle intervals before the next:
 //     the preemptions and queues of those intervals were admitted under
 //     the old value;
-//   - a leading miss holds off every step up (the lagging ones too), and
-//     counts as a miss of the lagging controller where its samples show
-//     none yet (see Next);
+//   - a leading miss holds off every step up (the lagging ones too); a
+//     TTFT miss of the predicted queue counts as a miss of the lagging
+//     controller where its samples show none yet (see Next);
 //   - a threshold goes up by the factor Up per interval only after Quiet
 //     intervals without a miss of its side, while the lagging controller
 //     would go up too (rejections or queueing, every signal met with
@@ -40,7 +42,8 @@ const (
 	// DefaultDelayAnchor is the share of the TTFT target a TTFT miss brings
 	// a higher queue_delay to at once.
 	DefaultDelayAnchor = 0.5
-	// DefaultLeadDown is the factor of a step down at or below an anchor.
+	// DefaultLeadDown is the factor of a step down of queue_delay at or
+	// below its anchor.
 	DefaultLeadDown = 0.85
 	// DefaultLeadUp is the factor of a step up.
 	DefaultLeadUp = 1.05
@@ -48,8 +51,9 @@ const (
 	// after a step down before the next.
 	DefaultLeadSettle = 3
 	// DefaultLeadQuiet is how many intervals without a miss of its side a
-	// leading threshold waits before it goes up.
-	DefaultLeadQuiet = 10
+	// leading threshold waits before it goes up (the goodput benchmark's
+	// bursts come every 10 s).
+	DefaultLeadQuiet = 3
 	// maxQuiet caps the quiet counts (they only compare with Quiet).
 	maxQuiet = 1 << 20
 )
@@ -121,7 +125,7 @@ func (s Status) leading(c Config, t Target, move Move, raise bool, m misses) (St
 	if m.kv {
 		s.CommittedQuiet = 0
 		if s.CommittedWait == 0 {
-			v := round4(max(lowerTo(th.KVCommitted, l.CommittedAnchor, l.Down), c.CommittedMin))
+			v := round4(max(min(th.KVCommitted, l.CommittedAnchor), c.CommittedMin))
 			if v < th.KVCommitted {
 				th.KVCommitted, down = v, true
 				s.CommittedWait = l.Settle

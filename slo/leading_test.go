@@ -27,9 +27,9 @@ func chatWindow(n int, rejected uint64) *slo.Window {
 // and predict a queue longer than the TTFT target: the controller tightens
 // kv_committed and queue_delay in that very interval, whatever the
 // attainment, and holds off raising; the lagging controller counts the
-// leading miss as a miss too (decode and prefill a step down). Then, while
-// preemptions go on, it steps kv_committed down once per Settle intervals,
-// not every interval.
+// queue's miss as a TTFT miss too (decode and prefill a step down). Then,
+// while preemptions go on, kv_committed holds at the anchor and nothing
+// steps up; quiet again, it rises after Quiet intervals.
 func TestLeadingShift(t *testing.T) {
 	t.Parallel()
 	c := slo.DefaultConfig()
@@ -72,20 +72,16 @@ func TestLeadingShift(t *testing.T) {
 		t.Fatalf("measured %+v, want the leading inputs", st.Measured)
 	}
 
-	// Preemptions go on (the requests admitted before the move): one step
-	// down per Settle intervals, by the factor Down, held the rest; no step
-	// up while they last, rejections or not.
-	kv := st.Suggested.KVCommitted
+	// Preemptions go on (the requests admitted before the move, which a
+	// threshold cannot take back): kv_committed stays at the anchor, never
+	// lower on preemptions alone, and nothing steps up while they last,
+	// rejections or not.
 	for i := 1; i <= 2*c.Lead.Settle; i++ {
 		st, m = slo.Next(c, target, st, shift(2, 400))
-		want := kv
-		if i%c.Lead.Settle == 0 {
-			want = round4(kv * c.Lead.Down)
+		if st.Suggested.KVCommitted != c.Lead.CommittedAnchor || st.State != slo.StateLowering || m > 0 {
+			t.Fatalf("interval %d after the first move: %s %+d kv_committed %v, want held at %v", i, st.State, m,
+				st.Suggested.KVCommitted, c.Lead.CommittedAnchor)
 		}
-		if st.Suggested.KVCommitted != want || st.State != slo.StateLowering || m > 0 {
-			t.Fatalf("interval %d after the first move: %s %+d kv_committed %v, want %v", i, st.State, m, st.Suggested.KVCommitted, want)
-		}
-		kv = st.Suggested.KVCommitted
 	}
 	if st.Suggested.QueueDelayMs != uint64(c.Lead.DelayAnchor*target.TTFTms) {
 		t.Fatalf("%+v: queue_delay moved without a miss of its own", st.Suggested)
@@ -131,15 +127,15 @@ func TestLeadingRules(t *testing.T) {
 		decodeRaised  bool
 		decodeLowered bool
 	}{
-		{"preemption above the anchor: to it", ttft, top, slo.Window{Preemptions: 1}, -1, 1, 60000, false, true},
-		{"preemption below it: ×0.85", ttft, mid, slo.Window{Preemptions: 1}, -1, 0.68, 400, false, true},
-		{"preemption at the floor: held, decode down", ttft, floor, slo.Window{Preemptions: 1}, -1, 0.5, 100, false, true},
+		{"preemption above the anchor: to it", ttft, top, slo.Window{Preemptions: 1}, -1, 1, 60000, false, false},
+		{"preemption at or below it: held", ttft, mid, slo.Window{Preemptions: 1}, 0, 0.8, 400, false, false},
+		{"preemption at the floor: held", ttft, floor, slo.Window{Preemptions: 1}, 0, 0.5, 100, false, false},
 		{"delay over the target, above the anchor: to it", ttft, top, slo.Window{QueueDelayMs: 1001}, -1, 2, 500, false, true},
 		{"delay over the target below it: ×0.85", ttft, mid, slo.Window{QueueDelayMs: 1001}, -1, 0.8, 340, false, true},
 		{"delay at the target: no miss", ttft, mid, slo.Window{QueueDelayMs: 1000}, 0, 0.8, 400, false, false},
 		{"delay without a TTFT target: no miss", itl, mid, slo.Window{QueueDelayMs: 5000}, 0, 0.8, 400, false, false},
 		{"rejections, no sample: the lagging step up", ttft, mid, slo.Window{Rejected: 3}, +1, 0.8, 400, true, false},
-		{"rejections and a preemption: no step up", ttft, mid, slo.Window{Rejected: 3, Preemptions: 1}, -1, 0.68, 400, false, true},
+		{"rejections and a preemption: no step up", ttft, mid, slo.Window{Rejected: 3, Preemptions: 1}, 0, 0.8, 400, false, false},
 		{"a status of before §21: the tops", ttft, old, slo.Window{}, 0, 2, 60000, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

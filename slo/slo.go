@@ -17,6 +17,15 @@
 //     DecodeStepMin); after HoldsToReset intervals without a move it starts
 //     again from DecodeStep. The prefill threshold moves with it, by the
 //     factor 1 + PrefillGain × step.
+//
+// The leading inputs of contract §21 (leading.go) move the two thresholds
+// of the leading signals, kv_committed and queue_delay, on their own rules:
+// preemptions on the model's ranks are a miss of the KV side at once, and a
+// predicted queue delay above the TTFT target a TTFT miss before any sample
+// of the requests that wait exists. Either holds off every step up; the
+// queue's also counts as a TTFT miss of the decode and prefill controller
+// above (a step down, never sped up, one interval's wait after a step
+// down).
 package slo
 
 import (
@@ -355,7 +364,7 @@ func Next(c Config, t Target, prev Status, w *Window) (Status, Move) {
 		s.Measured.QueueDelayMs = &d
 	}
 	lm := leadingMisses(t, w)
-	s, move, raise := s.lagging(c, t, prev, w, lm.any())
+	s, move, raise := s.lagging(c, t, prev, w, lm)
 	ttftMiss := s.Measured.TTFTAttainment != nil && s.Measured.TTFTSamples >= t.MinSamples() &&
 		*s.Measured.TTFTAttainment < t.Percentile
 	lm.delay = lm.delay || ttftMiss
@@ -363,13 +372,13 @@ func Next(c Config, t Target, prev Status, w *Window) (Status, Move) {
 }
 
 // lagging is contract §18's controller of the decode and prefill
-// thresholds on the measured latency. A leading miss (lead) holds off its
+// thresholds on the measured latency. A leading miss (lm) holds off its
 // steps up. raise reports that the window would let thresholds go up:
 // rejections or queueing, and every signal met with headroom or no sample
 // at all.
-func (s Status) lagging(c Config, t Target, prev Status, w *Window, lead bool) (_ Status, _ Move, raise bool) {
+func (s Status) lagging(c Config, t Target, prev Status, w *Window, lm misses) (_ Status, _ Move, raise bool) {
 	minN := t.MinSamples()
-	pressure := (w.Rejected > 0 || w.Queued > 0) && !lead
+	pressure := (w.Rejected > 0 || w.Queued > 0) && !lm.any()
 
 	att := math.Inf(1) // the worst judged attainment
 	ratio := 0.0       // the worst judged percentile latency ÷ target
@@ -412,10 +421,13 @@ func (s Status) lagging(c Config, t Target, prev Status, w *Window, lead bool) (
 		// without evidence of latency trouble.
 		s, m := s.move(c, +1, true)
 		return s, m, true
-	case lead && (!judged || att >= t.Percentile):
-		// A leading miss (contract §21) counts as a miss before the
-		// samples show one: a step down, the step never sped up, and
-		// right after a step down it waits one interval for it to show.
+	case lm.delay && (!judged || att >= t.Percentile):
+		// A predicted queue delay over the TTFT target (contract §21)
+		// counts as a TTFT miss before the samples show one: a step
+		// down, the step never sped up, and right after a step down it
+		// waits one interval for it to show. (Preemptions do not: they
+		// go on while the requests admitted before hold their blocks,
+		// and stepping on them cost the goodput benchmark's burst.)
 		if prev.Dir == -1 && prev.Holds == 0 {
 			return s.hold(c, StateLowering), 0, false
 		}

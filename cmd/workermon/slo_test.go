@@ -67,6 +67,18 @@ func TestSLOEnforce(t *testing.T) {
 		return ok && b.Thresholds.ActiveDecodeBlocks != nil && *b.Thresholds.ActiveDecodeBlocks < 0.7 &&
 			b.Thresholds.ActivePrefillTokensFrac == nil
 	})
+	// The leading thresholds (§21) are the controller's too: unset, they
+	// start at the tops of their ranges, and the record carries them.
+	if b, _ := record(t, busy, e2eModel); b.Thresholds.KVCommitted == nil || *b.Thresholds.KVCommitted != 2 ||
+		b.Thresholds.QueueDelayMs == nil || *b.Thresholds.QueueDelayMs != 60000 {
+		t.Fatalf("record's thresholds %+v: want kv_committed 2 and queue_delay 60000 from the controller", b.Thresholds)
+	}
+	for _, field := range []string{`"kv_committed_threshold":1`, `"queue_delay_threshold_ms":500`} {
+		code, _, body = call(t, svc, "POST", "/busy_threshold", e2eToken, `{"model":"`+e2eModel+`",`+field+`}`)
+		if code != http.StatusConflict {
+			t.Fatalf("setting %s under the SLO = %d %s, want 409", field, code, body)
+		}
+	}
 	code, _, body = call(t, svc, "POST", "/busy_threshold", e2eToken, `{"model":"`+e2eModel+`","active_decode_blocks_threshold":0.9}`)
 	if code != http.StatusConflict || !strings.Contains(string(body), "SLO") {
 		t.Fatalf("setting POST under the SLO = %d %s, want 409", code, body)
@@ -75,8 +87,9 @@ func TestSLOEnforce(t *testing.T) {
 		t.Fatalf("DELETE under the SLO = %d, want 409", code)
 	}
 	code, _, body = call(t, svc, "POST", "/busy_threshold", "", `{"model":"`+e2eModel+`"}`)
-	if code != http.StatusOK || !strings.Contains(string(body), `"controlled_by":"slo"`) {
-		t.Fatalf("get-only POST = %d %s", code, body)
+	if code != http.StatusOK || !strings.Contains(string(body), `"controlled_by":"slo"`) ||
+		!strings.Contains(string(body), `"kv_committed_threshold":2`) || !strings.Contains(string(body), `"queue_delay_threshold_ms":60000`) {
+		t.Fatalf("get-only POST = %d %s, want the controller's four thresholds", code, body)
 	}
 	// The status is in the bucket, written by this monitor.
 	js, _ := jetstream.New(nc)
