@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -55,6 +56,12 @@ const (
 	// DefaultDemoPrefillThreshold is the demo's prefill threshold in tokens
 	// (queued prompts count as prefill in the simulator).
 	DefaultDemoPrefillThreshold = 1536
+	// DefaultDemoCriticalFraction is the demo monitor's --critical-fraction
+	// (serve's default is 1.1): docs/router.md's rule for an engine that
+	// takes KV blocks as requests decode, c at least a request's growth
+	// past the busy line, so that at a peak the workers do not all pass the
+	// hard line at once and critical requests keep getting through.
+	DefaultDemoCriticalFraction = 1.25
 	// DefaultDemoInterval is how often the live summary is printed.
 	DefaultDemoInterval = 2 * time.Second
 	// DefaultDemoPriorityMix is the priorities of the demo's requests
@@ -67,6 +74,9 @@ const (
 	DefaultDemoQueueMaxWait = 3 * time.Second
 	DefaultDemoQueueShare   = 0.5
 )
+
+// admissionMaxWait is the header a request shortens its wait with.
+const admissionMaxWait = router.MaxWaitHeader
 
 // demoOptions is everything `workermon demo` can be told.
 type demoOptions struct {
@@ -105,6 +115,7 @@ func defaultDemoOptions() demoOptions {
 		ActivePrefillTokens: events.Ptr[uint64](DefaultDemoPrefillThreshold),
 	}
 	o.serve.monitor.ReleaseMargin = DefaultDemoReleaseMargin
+	o.serve.monitor.CriticalFraction = DefaultDemoCriticalFraction
 	o.fleet.Workers, o.fleet.Ranks = DefaultDemoWorkers, DefaultDemoRanks
 	o.fleet.Engine.DecodeSpeed = DefaultDemoDecodeSpeed
 	o.load.MaxTokens = DefaultDemoMaxTokens
@@ -402,22 +413,43 @@ func (d *demo) banner(w io.Writer, o demoOptions) {
 	fmt.Fprintf(w, `workermon demo — NATS, monitor, %d simulated workers × %d ranks, router and load, in one process
 
   NATS         %s
-  monitor API  http://%s/busy   http://%s/loads   http://%s/busy_threshold
+  monitor API  http://%s/busy  /loads  /busy_threshold  /slo
   metrics      http://%s/metrics   http://%s/metrics
-  router       http://%s/v1/completions  (OpenAI-compatible; 503 when every worker is busy)
-`, o.fleet.Workers, o.fleet.Ranks, d.monitor.natsURL, m, m, m, m, r, r)
+  router       http://%s/v1/completions  (OpenAI-compatible)
+`, o.fleet.Workers, o.fleet.Ranks, d.monitor.natsURL, m, m, r, r)
 	for _, wk := range d.fleet.Workers() {
 		fmt.Fprintf(w, "  worker %-4d  %s\n", wk.ID(), wk.Endpoint())
 	}
-	fmt.Fprintf(w, "\nthresholds: %s, release margin %g\n", thresholdsAttr(o.serve.monitor.Defaults), o.serve.monitor.ReleaseMargin)
+	mon := o.serve.monitor
+	fmt.Fprintf(w, "\nthresholds: %s, release margin %g, critical fraction %g\n",
+		thresholdsAttr(mon.Defaults), mon.ReleaseMargin, mon.CriticalFraction)
 	if !o.noLoad {
-		fmt.Fprintf(w, "load: %g → %g → %g requests/s every %v\n", o.load.MinRPS, o.load.MaxRPS, o.load.MinRPS, o.load.Period)
+		fmt.Fprintf(w, "load: %g → %g → %g requests/s every %v, priorities %s\n",
+			o.load.MinRPS, o.load.MaxRPS, o.load.MinRPS, o.load.Period, o.mix)
 	}
-	if q := o.router.router.QueueMaxWait; q > 0 {
-		fmt.Fprintf(w, "queue: up to %v for %.0f%% of the load (http://%s/queues); the rest sends %s: 0 and meets the 503\n",
-			q, 100*o.queueShare, r, router.MaxWaitHeader)
-	}
+	fmt.Fprint(w, demoAnswers(o.router.router.QueueMaxWait, o.queueShare, r, o.fleet.Model))
 	fmt.Fprintf(w, "try: go run ./cmd/workermon status --monitor-url http://%s\nCtrl-C to stop.\n\n", m)
+}
+
+// demoAnswers says what the demo's router answers a request when every
+// worker is busy, and how to see each answer for oneself.
+func demoAnswers(queueMaxWait time.Duration, queueShare float64, router, model string) string {
+	var b strings.Builder
+	if queueMaxWait > 0 {
+		fmt.Fprintf(&b, `every worker busy: a request waits up to %v in the router's queue, then gets
+  200 if a worker frees in time, else 429; sent with %s: 0, the 503 at once.
+  %.0f%% of the load may wait, the rest sends %s: 0.
+  queued now: http://%s/queues
+`, queueMaxWait, admissionMaxWait, 100*queueShare, admissionMaxWait, router)
+	} else {
+		b.WriteString("every worker busy: the router answers 503 at once.\n")
+	}
+	fmt.Fprintf(&b, `  X-Workermon-Priority: -1 (sheddable) gets 429 as the workers near their thresholds;
+  1 (critical) may still go to busy workers below the critical fraction. Each answer:
+  curl -si http://%s/v1/completions -H '%s: 0' \
+    -d '{"model":%q,"prompt":"hi","max_tokens":8}'
+`, router, admissionMaxWait, model)
+	return b.String()
 }
 
 // summary gathers what the summary shows now.

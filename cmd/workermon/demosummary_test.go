@@ -118,3 +118,34 @@ func TestDemoTotals(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoAnswers: the banner says what a request gets when every worker
+// is busy, with the queue and without, and how to see each answer, in
+// lines of at most 100 columns.
+func TestDemoAnswers(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		wait time.Duration
+		want []string
+	}{
+		{"queue", 3 * time.Second, []string{"waits up to 3s", "else 429", "X-Workermon-Max-Wait: 0, the 503 at once", "50% of the load"}},
+		{"no queue", 0, []string{"503 at once"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			text := demoAnswers(tc.wait, 0.5, "127.0.0.1:18080", "Qwen/Qwen3-0.6B")
+			for _, w := range append(tc.want, "X-Workermon-Priority: -1", "curl -si http://127.0.0.1:18080/v1/completions -H 'X-Workermon-Max-Wait: 0'",
+				`"model":"Qwen/Qwen3-0.6B"`) {
+				if !strings.Contains(text, w) {
+					t.Errorf("lacks %q:\n%s", w, text)
+				}
+			}
+			for l := range strings.Lines(text) {
+				if n := utf8.RuneCountInString(strings.TrimRight(l, "\n")); n > DefaultDemoWidth {
+					t.Errorf("%d columns: %q", n, l)
+				}
+			}
+		})
+	}
+}
