@@ -16,7 +16,8 @@
 //  3. pair selection: each source in turn is paired with the first
 //     destination that still has room, and moves the blocks that close the
 //     smaller of the two gaps, in requests: blocks ÷ the source's mean
-//     blocks per request, at least 1, at most MaxRequests. A destination
+//     blocks per request, rounded, at most MaxRequests (no pair when that
+//     is less than half a request; 1 when the size is unknown). A destination
 //     keeps taking from further sources while it stays below the light
 //     mark (decode_load), so every loaded source gets a destination in
 //     every round that has one, not one pair per model;
@@ -255,8 +256,8 @@ func (p *Planner) filter(cs []Candidate, model string, roles map[uint64]role, no
 // selectPairs gives each source in turn the first destination that still
 // has room and is not a source, never itself, and sizes the pair: the
 // smaller of what the source should give and the destination may take, in
-// requests of the source's mean size, between 1 and MaxRequests. The
-// destination's room shrinks by the blocks moved.
+// requests of the source's mean size (requests). The destination's room
+// shrinks by the blocks moved.
 func (p *Planner) selectPairs(model, reason string, srcs, dsts []Candidate) []Pair {
 	var out []Pair
 	isSrc := make(map[uint64]bool, len(srcs))
@@ -277,21 +278,26 @@ func (p *Planner) selectPairs(model, reason string, srcs, dsts []Candidate) []Pa
 				continue
 			}
 			moved := min(src.Blocks, room[i])
+			n := p.requests(moved, src.PerRequest)
+			if n == 0 {
+				break // less than half a request: moving one would overshoot
+			}
 			room[i] -= moved
 			if math.IsInf(moved, 1) {
 				room[i] = 0 // an unbounded destination takes one pair
 			}
-			out = append(out, Pair{Model: model, Src: src.ID, Dst: dst.ID, Reason: reason,
-				Requests: p.requests(moved, src.PerRequest)})
+			out = append(out, Pair{Model: model, Src: src.ID, Dst: dst.ID, Reason: reason, Requests: n})
 			break
 		}
 	}
 	return out
 }
 
-// requests is how many requests of perRequest blocks move blocks: rounded,
-// at least 1, at most MaxRequests; MaxRequests when blocks is unbounded, 1
-// when the size of a request is unknown.
+// requests is how many requests of perRequest blocks move blocks: rounded
+// to the nearest, at most MaxRequests, 0 when that is less than half a
+// request (moving one would leave the source further below the mean than
+// it is above it); MaxRequests when blocks is unbounded, 1 when the size
+// of a request is unknown.
 func (p *Planner) requests(blocks, perRequest float64) uint64 {
 	switch {
 	case math.IsInf(blocks, 1):
@@ -303,7 +309,7 @@ func (p *Planner) requests(blocks, perRequest float64) uint64 {
 	if n >= float64(p.cfg.MaxRequests) {
 		return p.cfg.MaxRequests
 	}
-	return max(1, uint64(n))
+	return uint64(n)
 }
 
 // validPair checks a selected pair against the rules of a round, given the

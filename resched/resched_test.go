@@ -222,8 +222,12 @@ func TestPlanSizesPairs(t *testing.T) {
 		{"the destination's room, in its own size", 8,
 			[]Worker{sized(1, 0.9, false, 100, 9), sized(2, 0.1, true, 50, 1), sized(3, 0.5, true, 100, 5)},
 			[]Pair{{"m", 1, 2, PolicyDecodeLoad, 2}}},
-		// Less than half a request to give still moves one.
-		{"at least one", 8, []Worker{sized(1, 0.6, false, 100, 2), sized(2, 0.4, true, 100, 1), sized(3, 0.5, true, 100, 5)},
+		// 1 holds 60 blocks in 2 requests and gives 10, a third of one:
+		// moving one would leave it 20 below the mean. No pair.
+		{"less than half a request", 8, []Worker{sized(1, 0.6, false, 100, 2), sized(2, 0.4, true, 100, 1), sized(3, 0.5, true, 100, 5)},
+			nil},
+		// Half a request or more moves one.
+		{"half a request", 8, []Worker{sized(1, 0.6, false, 100, 5), sized(2, 0.4, true, 100, 1), sized(3, 0.5, true, 100, 5)},
 			[]Pair{{"m", 1, 2, PolicyDecodeLoad, 1}}},
 	} {
 		cfg := DefaultConfig()
