@@ -26,8 +26,8 @@ type scaleOutOptions struct {
 
 // scaleOutResult is one scale-out run, over the window after the join.
 type scaleOutResult struct {
-	spread   float64 // time-averaged max − min of the three workers' KV usage
-	newShare float64 // time-averaged usage of the new worker over the fleet's mean
+	spread   float64       // time-averaged max − min of the three workers' KV usage
+	newShare float64       // time-averaged usage of the new worker over the fleet's mean
 	settle   time.Duration // until the spread first fell to 0.1
 	reach    time.Duration // until the new worker first held 0.8 of the fleet's mean usage
 	requests int
