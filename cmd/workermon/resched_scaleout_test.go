@@ -94,6 +94,7 @@ func BenchmarkReschedulerScaleOut(b *testing.B) {
 		{"interval=100ms", scaleOutOptions{interval: 100 * time.Millisecond, planner: resched.DefaultConfig()}},
 		{"interval=500ms", scaleOutOptions{interval: 500 * time.Millisecond, planner: resched.DefaultConfig()}},
 		{"cooldown=0", scaleOutOptions{interval: iv, planner: with(func(c *resched.Config) { c.Cooldown = 0 })}},
+		{"cooldown=500ms", scaleOutOptions{interval: iv, planner: with(func(c *resched.Config) { c.Cooldown = 500 * time.Millisecond })}},
 		{"cooldown=1s", scaleOutOptions{interval: iv, planner: with(func(c *resched.Config) { c.Cooldown = time.Second })}},
 		{"gap=0.1", scaleOutOptions{interval: iv, planner: with(func(c *resched.Config) { c.BalanceGap = 0.1 })}},
 		{"gap=0.02", scaleOutOptions{interval: iv, planner: with(func(c *resched.Config) { c.BalanceGap = 0.02 })}},
