@@ -48,8 +48,10 @@ func oldReschedDefaults() resched.Config {
 // 15 s after the join, the time-averaged spread of KV usage across the
 // three is lower with the rescheduler at its defaults (only
 // --rescheduling-interval set, to the recommended 200ms) than without it,
-// by at least 20 % (docs/rescheduler.md has the runs), and no request is
-// lost.
+// by at least 40 %, the newcomer holds 0.8 of the fleet's mean usage
+// within half the window, and no request is lost. (Measured: 61–67 % lower
+// and 2.3–3.6 s; the planner before issue 35 item 22 at its defaults gave
+// 27 % and 11.2 s, as without it: docs/rescheduler.md.)
 func TestReschedulerScaleOut(t *testing.T) {
 	off := runScaleOut(t, scaleOutOptions{})
 	on := runScaleOut(t, scaleOutOptions{interval: RecommendedReschedulingInterval, planner: resched.DefaultConfig()})
@@ -66,8 +68,11 @@ func TestReschedulerScaleOut(t *testing.T) {
 	if on.migrated == 0 {
 		t.Error("the rescheduler migrated nothing")
 	}
-	if on.spread > 0.8*off.spread {
-		t.Errorf("spread %.3f with the rescheduler, %.3f without: want at least 20 %% lower", on.spread, off.spread)
+	if on.spread > 0.6*off.spread {
+		t.Errorf("spread %.3f with the rescheduler, %.3f without: want at least 40 %% lower", on.spread, off.spread)
+	}
+	if on.reach > 7500*time.Millisecond {
+		t.Errorf("the newcomer held 0.8 of the mean after %v with the rescheduler (%v without): want within 7.5 s", on.reach, off.reach)
 	}
 }
 
