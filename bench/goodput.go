@@ -80,6 +80,9 @@ type MonitorSpec struct {
 	// SLOPrefillMin and SLOPrefillMax, when positive, are the monitor's
 	// --slo-prefill-range.
 	SLOPrefillMin, SLOPrefillMax uint64
+	// Rescheduling, when positive, is the monitor's
+	// --rescheduling-interval, with the planner's defaults (contract §12).
+	Rescheduling time.Duration
 }
 
 // SLOSpec is an SLO of contract §18: latency targets met by a share
@@ -102,6 +105,9 @@ type RouterSpec struct {
 	QueueMaxWait     time.Duration
 	QueueMaxRequests int
 	QueuePace        time.Duration
+	// MigrationLimit, when positive, is the router's --migration-limit:
+	// it continues streams the rescheduler cut.
+	MigrationLimit int
 }
 
 // Monitor is a running monitor.
@@ -216,6 +222,7 @@ func Policies(quick bool) []Policy {
 		{Name: PolicyQueue, Routers: []int{1, 3}, Monitor: thresholds,
 			Router: RouterSpec{QueueMaxWait: QueueMaxWait, QueuePace: QueuePace}},
 		{Name: PolicySLO, Routers: []int{1, 3}, Monitor: sloSpec},
+		reschedPolicy(thresholds),
 	}
 }
 
@@ -264,6 +271,11 @@ type Scenario struct {
 	Rate func(elapsed, length time.Duration) float64
 	// Workload is the workload at elapsed of length.
 	Workload func(elapsed, length time.Duration) loadgen.Workload
+	// Join, when set, is when into length the fleet's last worker joins;
+	// the run starts without it.
+	Join func(length time.Duration) time.Duration
+	// Policies, when set, are the only policies the scenario runs.
+	Policies []string
 }
 
 // Scenarios returns contract §16's scenarios.
@@ -292,6 +304,7 @@ func Scenarios() []Scenario {
 				}
 				return loadgen.WorkloadDocuments
 			}},
+		scaleOutScenario(),
 	}
 }
 
@@ -487,7 +500,7 @@ func (g *goodput) rows(ctx context.Context, capacity float64) ([]GoodputRow, err
 	planned := map[string]bool{}
 	for _, sc := range g.cfg.Scenarios {
 		for _, p := range g.cfg.Policies {
-			if p.Pending != "" || len(p.OnlyOn) > 0 && !slices.Contains(p.OnlyOn, sc.Name) {
+			if p.Pending != "" || !runsOn(p, sc) {
 				continue
 			}
 			decodes := []float64{0}
@@ -501,7 +514,7 @@ func (g *goodput) rows(ctx context.Context, capacity float64) ([]GoodputRow, err
 					if d > 0 {
 						spec.Thresholds.ActiveDecodeBlocks = events.Ptr(d)
 					}
-					key := fmt.Sprintf("%s/%s/%d/%+v/%v", sc.Name, thresholdsText(spec.Thresholds), routers, p.Router, spec.SLO != nil)
+					key := fmt.Sprintf("%s/%s/%d/%+v/%v/%v", sc.Name, thresholdsText(spec.Thresholds), routers, p.Router, spec.SLO != nil, spec.Rescheduling)
 					grp.keys = append(grp.keys, key)
 					if planned[key] {
 						continue
@@ -577,11 +590,15 @@ func (g *goodput) measure(ctx context.Context, j *rowJob, capacity float64) erro
 	length := g.cfg.Timings.Scenario
 	g.cfg.Progress(j.label)
 	rate := func(t time.Duration) float64 { return capacity * j.sc.Rate(t, length) }
-	samples, run, err := g.run(ctx, j.p, j.spec, j.routers, j.seed, loadShape{
+	shape := loadShape{
 		rate:     rate,
 		workload: func(t time.Duration) loadgen.Workload { return j.sc.Workload(t, length) },
 		length:   length,
-	})
+	}
+	if j.sc.Join != nil {
+		shape.join = j.sc.Join(length)
+	}
+	samples, run, err := g.run(ctx, j.p, j.spec, j.routers, j.seed, shape)
 	if err != nil {
 		return err
 	}

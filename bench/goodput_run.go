@@ -32,6 +32,9 @@ type loadShape struct {
 	rate     func(time.Duration) float64
 	workload func(time.Duration) loadgen.Workload
 	length   time.Duration
+	// join, when positive, is when the fleet's last worker joins; the run
+	// starts without it.
+	join time.Duration
 }
 
 // runStats is what a row measures beside the requests.
@@ -62,11 +65,15 @@ func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers i
 		return nil, st, fmt.Errorf("bench: goodput: monitor: %w", err)
 	}
 	closers = append(closers, mon.Close)
-	fleet, err := sim.NewFleet(ctx, fleetConfig(mon.NATSURL()), g.cfg.Log.With("part", "sim"))
+	fcfg := fleetConfig(mon.NATSURL())
+	fcfg.Workers = startWorkers(shape.join)
+	fleet, err := sim.NewFleet(ctx, fcfg, g.cfg.Log.With("part", "sim"))
 	if err != nil {
 		return nil, st, fmt.Errorf("bench: goodput: %w", err)
 	}
 	closers = append(closers, fleet.Close)
+	var all fleets
+	all.add(fleet)
 	var urls []string
 	for i := range routers {
 		rs := p.Router
@@ -78,7 +85,7 @@ func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers i
 		closers = append(closers, r.Close)
 		urls = append(urls, r.URL())
 	}
-	if err := waitFleet(ctx, mon.NATSURL(), urls); err != nil {
+	if err := waitFleet(ctx, mon.NATSURL(), urls, fcfg.Workers); err != nil {
 		return nil, st, err
 	}
 	st.setup = time.Since(t0)
@@ -114,15 +121,7 @@ func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers i
 	if err != nil {
 		return nil, st, err
 	}
-	preempted := func() uint64 {
-		var n uint64
-		for _, w := range fleet.Stats() {
-			for _, r := range w.Ranks {
-				n += r.Preemptions
-			}
-		}
-		return n
-	}
+	preempted := all.preemptions
 	p0 := preempted()
 	cpu0, _ := hostcpu.Read() // zero where unknown: the row's CPU figure is then 0
 	// The row's CPU figure is over the load, not its drain.
@@ -130,6 +129,25 @@ func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers i
 	atEnd := time.AfterFunc(shape.length, func() { c, _ := hostcpu.Read(); cpuEnd <- c })
 	defer atEnd.Stop()
 	tStart := time.Now()
+	// The joining worker, when the shape has one: started by its own
+	// goroutine into the load, waited for (and stopped, when the load ends
+	// first) before the figures are read or the parts closed.
+	joined := func() error { return nil }
+	if shape.join > 0 {
+		jctx, stopJoin := context.WithCancel(ctx)
+		j := startJoiner(jctx, mon.NATSURL(), shape.join, g.cfg.Log.With("part", "sim"), g.cfg.Progress)
+		once := sync.OnceValue(func() error {
+			stopJoin()
+			f, err := j.wait()
+			if f != nil {
+				closers = append(closers, f.Close)
+				all.add(f)
+			}
+			return err
+		})
+		joined = once
+		defer func() { err = errors.Join(err, once()) }()
+	}
 	if err := gen.Run(ctx); err != nil {
 		return nil, st, err
 	}
@@ -137,6 +155,9 @@ func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers i
 		return nil, st, err
 	}
 	st.drain = max(0, time.Since(tStart)-shape.length)
+	if err := joined(); err != nil {
+		return nil, st, err
+	}
 	var cpu1 hostcpu.Sample
 	select {
 	case cpu1 = <-cpuEnd:
@@ -150,9 +171,9 @@ func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers i
 	return samples, st, nil
 }
 
-// waitFleet waits until the busy list shows every worker free, the
+// waitFleet waits until the busy list shows the workers free, the
 // registry lists them all and every router answers a request.
-func waitFleet(ctx context.Context, natsURL string, routers []string) error {
+func waitFleet(ctx context.Context, natsURL string, routers []string, workers int) error {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	nc, err := nats.Connect(natsURL, nats.Name("workermon-bench-goodput"))
@@ -174,7 +195,7 @@ func waitFleet(ctx context.Context, natsURL string, routers []string) error {
 			return false
 		}
 		rec, err := events.DecodeBusySet(e.Value())
-		if err != nil || len(rec.Free) != GoodputWorkers {
+		if err != nil || len(rec.Free) != workers {
 			return false
 		}
 		reg, err := js.KeyValue(ctx, events.WorkersBucket)
@@ -189,7 +210,7 @@ func waitFleet(ctx context.Context, natsURL string, routers []string) error {
 		for range keys.Keys() {
 			n++
 		}
-		if n < GoodputWorkers {
+		if n < workers {
 			return false
 		}
 		for _, u := range routers {

@@ -50,7 +50,7 @@ func TestScenarioShapes(t *testing.T) {
 func TestPolicies(t *testing.T) {
 	t.Parallel()
 	full, quick := Policies(false), Policies(true)
-	names := []string{PolicyNone, PolicyThresholds, PolicyThresholdsBest, PolicyQueue, PolicySLO}
+	names := []string{PolicyNone, PolicyThresholds, PolicyThresholdsBest, PolicyQueue, PolicySLO, PolicyResched}
 	if len(full) != len(names) {
 		t.Fatalf("%d policies, want %d", len(full), len(names))
 	}
@@ -74,7 +74,7 @@ func TestPolicies(t *testing.T) {
 	if on := quick[2].OnlyOn; len(on) != 2 || on[0] != ScenarioRamp || on[1] != ScenarioShift {
 		t.Errorf("--quick thresholds-best on %v, want ramp and shift", on)
 	}
-	for _, p := range full[3:] {
+	for _, p := range full[3:5] {
 		if len(p.Routers) != 2 || p.Routers[0] != 1 || p.Routers[1] != 3 || p.Sweep != nil || p.OnlyOn != nil {
 			t.Errorf("%s: routers %v, sweep %v, only on %v; want 1 and 3 routers on every scenario", p.Name, p.Routers, p.Sweep, p.OnlyOn)
 		}
@@ -113,8 +113,8 @@ func TestSelect(t *testing.T) {
 	if err != nil || len(ps) != 2 || ps[0].Name != PolicyThresholdsBest || ps[1].Name != PolicySLO {
 		t.Errorf("select slo, thresholds-best: %v %v", ps, err)
 	}
-	if all, err := SelectPolicies(false, nil); err != nil || len(all) != 5 {
-		t.Errorf("select nothing: %d policies, %v; want all 5", len(all), err)
+	if all, err := SelectPolicies(false, nil); err != nil || len(all) != 6 {
+		t.Errorf("select nothing: %d policies, %v; want all 6", len(all), err)
 	}
 	if _, err := SelectPolicies(false, []string{"queue", "fifo"}); err == nil || !strings.Contains(err.Error(), `"fifo"`) {
 		t.Errorf("an unknown policy: %v", err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/syncbuf"
+	"github.com/workermon/workermon/resched"
 )
 
 // fakeSink remembers the last record of each model and every call.
@@ -786,12 +787,11 @@ func TestRescheduleSnapshot(t *testing.T) {
 		if len(snap.Models) != 1 || snap.Models[0].Name != testModel {
 			t.Fatalf("models %+v", snap.Models)
 		}
-		got := fmt.Sprintf("%+v", snap.Models[0].Workers)
-		want := "[{ID:1 Usage:0 HasUsage:false Fresh:false Free:false Cordoned:false} " +
-			"{ID:2 Usage:0.9 HasUsage:true Fresh:true Free:false Cordoned:false} " +
-			"{ID:3 Usage:0.5 HasUsage:true Fresh:true Free:false Cordoned:true}]"
-		if got != want {
-			t.Errorf("workers\n%s\nwant\n%s", got, want)
+		want := []resched.Worker{{ID: 1},
+			{ID: 2, Usage: 0.9, HasUsage: true, TotalBlocks: 100, Fresh: true},
+			{ID: 3, Usage: 0.5, HasUsage: true, TotalBlocks: 100, Fresh: true, Cordoned: true}}
+		if got := snap.Models[0].Workers; !slices.Equal(got, want) {
+			t.Errorf("workers\n%+v\nwant\n%+v", got, want)
 		}
 		// Fresh again: the mean over both ranks.
 		r = h.report(1, 0, 10, 100)
@@ -801,8 +801,8 @@ func TestRescheduleSnapshot(t *testing.T) {
 		r.DPRank, r.DPSize = 1, 2
 		h.send(r)
 		snap, _ = h.m.RescheduleSnapshot(context.Background())
-		if w := snap.Models[0].Workers[0]; !w.Fresh || !w.Free || !w.HasUsage || w.Usage < 0.1999 || w.Usage > 0.2001 {
-			t.Errorf("worker 1 = %+v, want fresh, free, usage 0.2", w)
+		if w := snap.Models[0].Workers[0]; !w.Fresh || !w.Free || !w.HasUsage || w.Usage < 0.1999 || w.Usage > 0.2001 || w.TotalBlocks != 200 {
+			t.Errorf("worker 1 = %+v, want fresh, free, usage 0.2, 200 blocks", w)
 		}
 	})
 }

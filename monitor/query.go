@@ -286,8 +286,10 @@ func (s *state) selected(name string) []*model {
 // RescheduleSnapshot is the view a rescheduling round plans on (contract
 // §12): every model's workers with their usage — the mean over their fresh
 // ranks of KV blocks in use over total blocks, each rank aggregated over
-// its fresh sources as the busy rules do — and whether they are fresh,
-// free and cordoned.
+// its fresh sources as the busy rules do — their KV blocks in total, and
+// whether they are fresh, free and cordoned. (Committed usage and request
+// counts, contract §21, are not in the monitor's state yet: the planner
+// then balances on usage and moves one request a pair.)
 func (m *Monitor) RescheduleSnapshot(ctx context.Context) (resched.Snapshot, error) {
 	var snap resched.Snapshot
 	err := m.do(ctx, func(s *state) {
@@ -308,6 +310,7 @@ func (m *Monitor) RescheduleSnapshot(ctx context.Context) (resched.Snapshot, err
 				for _, agg := range ranks {
 					if a := agg.load(); a.KVTotalBlocks > 0 {
 						sum += float64(a.ActiveDecodeBlocks) / float64(a.KVTotalBlocks)
+						rw.TotalBlocks += a.KVTotalBlocks
 						n++
 					}
 				}

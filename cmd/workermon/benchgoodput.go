@@ -38,8 +38,8 @@ func (o *benchGoodputOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.reportDir, "report", "", "directory to write report.html to: offered load, goodput, TTFT p99 and rejections over time, per scenario and policy")
 	fs.IntVar(&o.seeds, "seeds", 1, "run each row this many times (seeds --seed, --seed+1, ...) and report the medians")
 	fs.Uint64Var(&o.seed, "seed", wmbench.DefaultGoodputSeed, "seed of the Poisson arrivals and of the requests' lengths")
-	fs.StringVar(&o.policies, "policies", "", "run only these policies, comma-separated (none, thresholds, thresholds-best, queue, slo; default all)")
-	fs.StringVar(&o.scenarios, "scenarios", "", "run only these scenarios, comma-separated (ramp, burst, shift; default all)")
+	fs.StringVar(&o.policies, "policies", "", "run only these policies, comma-separated (none, thresholds, thresholds-best, queue, slo, resched; default all)")
+	fs.StringVar(&o.scenarios, "scenarios", "", "run only these scenarios, comma-separated (ramp, burst, shift, scaleout; default all)")
 	fs.IntVar(&o.parallel, "parallel", wmbench.DefaultParallel, "rows measured at once, each with its own monitor, fleet and routers (the capacity's trials run one at a time)")
 	fs.Float64Var(&o.capacity, "capacity", 0, "take this capacity (requests/s) instead of measuring it, e.g. a full run's, to repeat some rows (0: measure it)")
 	o.log.flags(fs)
@@ -116,6 +116,9 @@ func (s goodputStack) StartMonitor(ctx context.Context, spec wmbench.MonitorSpec
 	if spec.SLOPrefillMin > 0 && spec.SLOPrefillMax > 0 {
 		so.slo.prefill = uintRange{spec.SLOPrefillMin, spec.SLOPrefillMax}
 	}
+	if spec.Rescheduling > 0 {
+		so.resched.interval = spec.Rescheduling
+	}
 	svc, err := startService(ctx, so, s.log.With("part", "monitor"), newRegistry())
 	if err != nil {
 		return nil, errors.Join(err, os.RemoveAll(dir))
@@ -168,6 +171,17 @@ func postGoodputSLO(ctx context.Context, base string, spec wmbench.SLOSpec) erro
 }
 
 func (s goodputStack) StartRouter(_ context.Context, spec wmbench.RouterSpec) (wmbench.Router, error) {
+	ro := goodputRouterOptions(spec)
+	svc, err := startRouter(ro, s.log.With("part", "router", "router_id", spec.ID), newRegistry())
+	if err != nil {
+		return nil, err
+	}
+	return goodputRouter{svc}, nil
+}
+
+// goodputRouterOptions are the options of a benchmark router as spec
+// configures it.
+func goodputRouterOptions(spec wmbench.RouterSpec) routerOptions {
 	ro := defaultRouterOptions()
 	ro.natsURL, ro.httpAddr, ro.router.RouterID = spec.NATSURL, "127.0.0.1:0", spec.ID
 	if spec.QueueMaxWait > 0 {
@@ -179,11 +193,10 @@ func (s goodputStack) StartRouter(_ context.Context, spec wmbench.RouterSpec) (w
 	if spec.QueuePace > 0 {
 		ro.router.QueuePace = spec.QueuePace
 	}
-	svc, err := startRouter(ro, s.log.With("part", "router", "router_id", spec.ID), newRegistry())
-	if err != nil {
-		return nil, err
+	if spec.MigrationLimit > 0 {
+		ro.router.MigrationLimit = spec.MigrationLimit
 	}
-	return goodputRouter{svc}, nil
+	return ro
 }
 
 type goodputMonitor struct {
