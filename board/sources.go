@@ -81,7 +81,8 @@ func (s *MonitorSource) Snapshot(ctx context.Context) (Snapshot, error) {
 	// Both lists are sorted by model (then worker and rank): one merge.
 	i := 0
 	for _, rec := range records {
-		m := Model{Name: rec.Model, AllBusy: rec.AllBusy, Rejecting: rec.AllBusy, Thresholds: rec.Thresholds, SLO: slos[rec.Model]}
+		m := Model{Name: rec.Model, AllBusy: rec.AllBusy, Rejecting: rec.AllBusy, Thresholds: rec.Thresholds, SLO: slos[rec.Model],
+			Saturation: events.Ptr(rec.Saturation)}
 		m.Workers, m.Counts = recordWorkers(&rec)
 		if rejected != nil {
 			n := rejected[rec.Model]
@@ -104,7 +105,9 @@ func (s *MonitorSource) Snapshot(ctx context.Context) (Snapshot, error) {
 				continue // not listed (left, or not evaluated yet)
 			}
 			r := Rank{Rank: row.DPRank, KVUsed: row.ActiveDecodeBlocks, KVTotal: row.KVTotalBlocks,
-				Prefill: row.ActivePrefillTokens, Busy: row.Busy, Reason: row.Reason, Stale: row.Stale}
+				Prefill: row.ActivePrefillTokens, Busy: row.Busy, Reason: row.Reason, Stale: row.Stale,
+				PrefillRate: roundTo(row.PrefillRate, 1), QueueDelayMs: roundTo(row.QueueDelayMs, 1),
+				PreemptionRate: roundTo(row.PreemptionRate, 100)}
 			rankThresholds(&r, rec.Thresholds, row.MaxNumBatchedTokens)
 			m.Workers[w].Ranks = append(m.Workers[w].Ranks, r)
 		}
@@ -198,6 +201,7 @@ func (s *RouterSource) Snapshot(_ context.Context) (Snapshot, error) {
 		m := Model{Name: name}
 		if rec, _, ok := s.BusyList.Record(name); ok {
 			m.AllBusy, m.Thresholds, m.UpdatedAt = rec.AllBusy, rec.Thresholds, rec.UpdatedAt/int64(time.Millisecond)
+			m.Saturation = events.Ptr(rec.Saturation)
 			m.Workers, _ = recordWorkers(&rec)
 		}
 		d := s.BusyList.Decide(name)

@@ -469,6 +469,9 @@ func (d *demo) summary(gen *loadgen.Generator) demoSummary {
 	now := time.Now()
 	s.record = true
 	s.busy, s.hard, s.free, s.amber, s.stale = rec.Busy, rec.Hard, rec.Free, rec.Amber, rec.Stale
+	if !rec.Thresholds.IsZero() {
+		s.saturation = &rec.Saturation
+	}
 	s.changes = promreg.Sum(d.monitor.reg, "workermon_all_busy_changes_total")
 	s.streaks = d.streaks.cell(now)
 	s.migrated = promreg.Sum(d.monitor.reg, "workermon_rescheduler_migrated_requests_total")

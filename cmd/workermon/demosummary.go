@@ -34,6 +34,9 @@ type demoSummary struct {
 	reschedule bool
 	migrated   float64
 	queued     float64
+	// saturation is the record's (contract §21), nil when no threshold is
+	// in force (it is 0 then, whatever the load).
+	saturation *float64
 	// allBusyFor is how long the model has been all busy (0: it is not).
 	allBusy    bool
 	allBusyFor time.Duration
@@ -71,7 +74,11 @@ func (s demoSummary) lines(width int) []string {
 		sets = fmt.Sprintf("%s workers busy %d hard %d free %d amber %d stale %d", s.model,
 			len(s.busy), len(s.hard), len(s.free), len(s.amber), len(s.stale))
 	}
-	cells = append(cells, sets, fmt.Sprintf("queued %g", s.queued))
+	cells = append(cells, sets)
+	if s.saturation != nil {
+		cells = append(cells, fmt.Sprintf("saturation %.2f", *s.saturation))
+	}
+	cells = append(cells, fmt.Sprintf("queued %g", s.queued))
 	if s.allBusy {
 		cells = append(cells, fmt.Sprintf("ALL BUSY %.1fs → 503", s.allBusyFor.Seconds()))
 	}

@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/workermon/workermon/admission"
+	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/loadgen"
 )
 
@@ -38,6 +39,7 @@ func TestDemoSummaryLines(t *testing.T) {
 		load: peakStats(), model: "Qwen/Qwen3-0.6B", record: true,
 		busy: []uint64{1, 2, 3}, hard: []uint64{1, 2, 3}, free: []uint64{}, amber: []uint64{}, stale: []uint64{},
 		changes: 21, streaks: "all busy 11× longest 5.6s", queued: 110, allBusy: true, allBusyFor: 2 * time.Second,
+		saturation: events.Ptr(1.12),
 	}
 	many := peak
 	many.busy = make([]uint64, 200)
@@ -48,6 +50,8 @@ func TestDemoSummaryLines(t *testing.T) {
 	long := peak
 	long.model = strings.Repeat("m", 256)
 	noRecord := demoSummary{load: peakStats(), model: "Qwen/Qwen3-0.6B"}
+	noThreshold := peak
+	noThreshold.saturation = nil
 
 	for _, tc := range []struct {
 		name  string
@@ -57,7 +61,7 @@ func TestDemoSummaryLines(t *testing.T) {
 	}{
 		{"peak at 100", peak, DefaultDemoWidth, []string{"t= 32s target  70.2/s", "200   8.8/s  429  25.6/s  503  30.0/s  err  0.2/s",
 			"p50 9.54s p99 11.61s", "by class 200/429/503 sheddable 0.0/20.2/16.4 standard 7.0/7.4/10.6 critical 1.8/0.0/3.0",
-			"Qwen/Qwen3-0.6B busy [1 2 3] hard [1 2 3] free [] amber [] stale []", "queued 110", "ALL BUSY 2.0s → 503",
+			"Qwen/Qwen3-0.6B busy [1 2 3] hard [1 2 3] free [] amber [] stale []", "saturation 1.12", "queued 110", "ALL BUSY 2.0s → 503",
 			"all_busy changes 21", "all busy 11× longest 5.6s"}},
 		{"peak at 80", peak, 80, []string{"429  25.6/s", "ALL BUSY 2.0s → 503"}},
 		{"peak on a wide terminal", peak, 400, []string{"429  25.6/s", "ALL BUSY 2.0s → 503"}},
@@ -65,6 +69,7 @@ func TestDemoSummaryLines(t *testing.T) {
 		{"a long model name", long, DefaultDemoWidth, []string{"429  25.6/s", "…", "queued 110"}},
 		{"no record yet", noRecord, DefaultDemoWidth, []string{"429  25.6/s", "Qwen/Qwen3-0.6B: no record yet"}},
 		{"narrower than the least", peak, 10, []string{"429"}},
+		{"no threshold: no saturation", noThreshold, DefaultDemoWidth, []string{"stale []", "queued 110"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -81,6 +86,9 @@ func TestDemoSummaryLines(t *testing.T) {
 			text := strings.Join(lines, "\n")
 			if tc.width >= 400 && len(lines) != 1 {
 				t.Errorf("%d lines on a terminal wide enough for one:\n%s", len(lines), text)
+			}
+			if tc.s.saturation == nil && strings.Contains(text, "saturation") {
+				t.Errorf("a saturation without a threshold in force:\n%s", text)
 			}
 			rest := text
 			for _, w := range tc.want {
