@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -196,9 +197,11 @@ const (
 )
 
 // Policies returns contract §16's policies, in the order of the results.
-// quick runs thresholds-best on ramp and shift only.
+// thresholds-best does not run on spike (contract §23); quick runs it on
+// ramp and shift only.
 func Policies(quick bool) []Policy {
-	best := Policy{Name: PolicyThresholdsBest, Routers: []int{1}, Sweep: ThresholdsSweep}
+	best := Policy{Name: PolicyThresholdsBest, Routers: []int{1}, Sweep: ThresholdsSweep,
+		OnlyOn: []string{ScenarioRamp, ScenarioBurst, ScenarioShift}}
 	if quick {
 		best.OnlyOn = []string{ScenarioRamp, ScenarioShift}
 	}
@@ -254,7 +257,20 @@ const (
 	ScenarioRamp  = "ramp"
 	ScenarioBurst = "burst"
 	ScenarioShift = "shift"
+	ScenarioSpike = "spike"
 )
+
+// ClientRetries is how many times the clients of burst and spike send a
+// rejected request again: the official OpenAI SDKs' default (contract
+// §23), with their waits (loadgen.Config.Retries).
+const ClientRetries = 2
+
+// SpikeQueueMaxWait is the queue policy's --queue-max-wait on spike
+// (contract §23): a spike of 200 % for 1 s over 40 % is about 1.6 s of the
+// fleet's work beyond what it serves, which a 2 s wait can hold; requests
+// that wait that long may miss the TTFT target, and both goodput and
+// failures are reported.
+const SpikeQueueMaxWait = 2 * time.Second
 
 // Scenario is a load shape relative to the capacity.
 type Scenario struct {
@@ -264,6 +280,13 @@ type Scenario struct {
 	Rate func(elapsed, length time.Duration) float64
 	// Workload is the workload at elapsed of length.
 	Workload func(elapsed, length time.Duration) loadgen.Workload
+	// Retries is how many times its clients send a request again after a
+	// rejection (or another answer the OpenAI SDKs retry); 0: clients
+	// that give up at once.
+	Retries int
+	// QueueMaxWait, when positive, replaces the --queue-max-wait of the
+	// policies whose routers queue.
+	QueueMaxWait time.Duration
 }
 
 // Scenarios returns contract §16's scenarios.
@@ -278,7 +301,7 @@ func Scenarios() []Scenario {
 			}
 			return 0.5 + 2*2*max(0, x)
 		}},
-		{Name: ScenarioBurst, Workload: chat, Rate: func(t, _ time.Duration) float64 {
+		{Name: ScenarioBurst, Workload: chat, Retries: ClientRetries, Rate: func(t, _ time.Duration) float64 {
 			// 70 %, ×10 for 2 s every 10 s (from 5 s to 7 s of each).
 			if p := t % (10 * time.Second); p >= 5*time.Second && p < 7*time.Second {
 				return 7
@@ -291,6 +314,16 @@ func Scenarios() []Scenario {
 					return loadgen.WorkloadChat
 				}
 				return loadgen.WorkloadDocuments
+			}},
+		{Name: ScenarioSpike, Workload: chat, Retries: ClientRetries, QueueMaxWait: SpikeQueueMaxWait,
+			Rate: func(t, _ time.Duration) float64 {
+				// 40 %, 200 % in the first second of every 10 s from 5 s
+				// (5 s to 6 s of each): 56 % on average, so a queue can
+				// hold each spike.
+				if p := t % (10 * time.Second); p >= 5*time.Second && p < 6*time.Second {
+					return 2
+				}
+				return 0.4
 			}},
 	}
 }
@@ -358,21 +391,35 @@ type SLOms struct {
 // GoodputRow is one scenario under one policy (contract §16). Times in
 // milliseconds; a percentile of nothing is null.
 type GoodputRow struct {
-	Scenario     string   `json:"scenario"`
-	Policy       string   `json:"policy"`
-	Routers      int      `json:"routers"`
-	GoodputRPS   float64  `json:"goodput_rps"`
-	GoodputPct   float64  `json:"goodput_pct"`
-	TTFTp50      *float64 `json:"ttft_p50_ms"`
-	TTFTp99      *float64 `json:"ttft_p99_ms"`
-	ITLp99       *float64 `json:"itl_p99_ms"`
-	RejectedPct  float64  `json:"rejected_pct"`
-	QueueWaitP99 *float64 `json:"queue_wait_p99_ms"`
-	Preemptions  uint64   `json:"preemptions"`
-	CPUPct       float64  `json:"cpu_pct"`
+	Scenario   string   `json:"scenario"`
+	Policy     string   `json:"policy"`
+	Routers    int      `json:"routers"`
+	GoodputRPS float64  `json:"goodput_rps"`
+	GoodputPct float64  `json:"goodput_pct"`
+	TTFTp50    *float64 `json:"ttft_p50_ms"`
+	TTFTp99    *float64 `json:"ttft_p99_ms"`
+	ITLp99     *float64 `json:"itl_p99_ms"`
+	// RejectedPct is the share of the attempts answered 503 or 429 (with
+	// clients that give up, of the requests sent).
+	RejectedPct float64 `json:"rejected_pct"`
+	// FailedPct is the share of the offered requests that never got a 200:
+	// their last attempt was rejected or failed (or they were never sent,
+	// dropped at the client's cap).
+	FailedPct float64 `json:"failed_pct"`
+	// AttemptsPerRequest is the attempts over the requests sent (1 with
+	// clients that give up).
+	AttemptsPerRequest float64  `json:"attempts_per_request"`
+	QueueWaitP99       *float64 `json:"queue_wait_p99_ms"`
+	Preemptions        uint64   `json:"preemptions"`
+	// CPUPct is the host's CPU use over the row: all cores, everything on
+	// the machine, not the benchmark's alone.
+	CPUPct float64 `json:"cpu_pct"`
 	// Decode is the decode threshold of a thresholds row (the sweep's
 	// best for thresholds-best), 0 without one.
 	Decode float64 `json:"-"`
+	// Retries is how many times the row's clients retried a request (its
+	// scenario's).
+	Retries int `json:"-"`
 	// Series is the row's course over time, one point a second (of the
 	// first seed), for the report.
 	Series []Point `json:"-"`
@@ -384,9 +431,12 @@ type Point struct {
 	T time.Duration
 	// TargetRPS is the offered rate the scenario asks for at T.
 	TargetRPS float64
-	// Offered, Good and Rejected count the requests that arrived in the
-	// second: offered, good, answered 503 or 429.
-	Offered, Good, Rejected int
+	// Offered and Good count the requests that arrived in the second:
+	// offered (the measured arrivals), good.
+	Offered, Good int
+	// Attempts and Rejected count the attempts sent in the second (first
+	// sends and retries): all, answered 503 or 429.
+	Attempts, Rejected int
 	// TTFTp99 is the TTFT p99 of the second's successful requests, in ms;
 	// NaN without one.
 	TTFTp99 float64
@@ -462,6 +512,7 @@ type rowJob struct {
 	sc      Scenario
 	p       Policy
 	spec    MonitorSpec
+	router  RouterSpec
 	routers int
 	seed    uint64
 	key     string
@@ -476,14 +527,11 @@ type rowGroup struct {
 	keys []string
 }
 
-// rows measures every scenario under every policy: each configuration of
-// a policy (each value of a sweep) with each seed is a job, the jobs run
-// Parallel at a time, and a row is the best of its configurations, each
-// the median of its seeds. A configuration two policies share
-// (thresholds-best off its sweep is thresholds) is measured once.
-func (g *goodput) rows(ctx context.Context, capacity float64) ([]GoodputRow, error) {
-	var jobs []*rowJob
-	var groups []rowGroup
+// plan lists the jobs of the run and the rows they make: every scenario
+// under every policy that runs on it, each configuration (each value of a
+// sweep) with each seed. A scenario's QueueMaxWait replaces the wait of a
+// policy whose routers queue.
+func (g *goodput) plan() (jobs []*rowJob, groups []rowGroup) {
 	planned := map[string]bool{}
 	for _, sc := range g.cfg.Scenarios {
 		for _, p := range g.cfg.Policies {
@@ -494,6 +542,10 @@ func (g *goodput) rows(ctx context.Context, capacity float64) ([]GoodputRow, err
 			if len(p.Sweep) > 0 {
 				decodes = p.Sweep
 			}
+			rs := p.Router
+			if rs.QueueMaxWait > 0 && sc.QueueMaxWait > 0 {
+				rs.QueueMaxWait = sc.QueueMaxWait
+			}
 			for _, routers := range p.Routers {
 				grp := rowGroup{p: p}
 				for _, d := range decodes {
@@ -501,7 +553,7 @@ func (g *goodput) rows(ctx context.Context, capacity float64) ([]GoodputRow, err
 					if d > 0 {
 						spec.Thresholds.ActiveDecodeBlocks = events.Ptr(d)
 					}
-					key := fmt.Sprintf("%s/%s/%d/%+v/%v", sc.Name, thresholdsText(spec.Thresholds), routers, p.Router, spec.SLO != nil)
+					key := fmt.Sprintf("%s/%s/%d/%+v/%v", sc.Name, thresholdsText(spec.Thresholds), routers, rs, spec.SLO != nil)
 					grp.keys = append(grp.keys, key)
 					if planned[key] {
 						continue
@@ -509,7 +561,7 @@ func (g *goodput) rows(ctx context.Context, capacity float64) ([]GoodputRow, err
 					planned[key] = true
 					for s := range g.cfg.Seeds {
 						seed := g.cfg.Seed + uint64(s)
-						jobs = append(jobs, &rowJob{sc: sc, p: p, spec: spec, routers: routers, seed: seed, key: key,
+						jobs = append(jobs, &rowJob{sc: sc, p: p, spec: spec, router: rs, routers: routers, seed: seed, key: key,
 							label: fmt.Sprintf("%s under %s (%s), %d router(s), seed %d", sc.Name, p.Name, thresholdsText(spec.Thresholds), routers, seed)})
 					}
 				}
@@ -517,7 +569,16 @@ func (g *goodput) rows(ctx context.Context, capacity float64) ([]GoodputRow, err
 			}
 		}
 	}
+	return jobs, groups
+}
 
+// rows measures every scenario under every policy: each configuration of
+// a policy (each value of a sweep) with each seed is a job, the jobs run
+// Parallel at a time, and a row is the best of its configurations, each
+// the median of its seeds. A configuration two policies share
+// (thresholds-best off its sweep is thresholds) is measured once.
+func (g *goodput) rows(ctx context.Context, capacity float64) ([]GoodputRow, error) {
+	jobs, groups := g.plan()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -577,24 +638,25 @@ func (g *goodput) measure(ctx context.Context, j *rowJob, capacity float64) erro
 	length := g.cfg.Timings.Scenario
 	g.cfg.Progress(j.label)
 	rate := func(t time.Duration) float64 { return capacity * j.sc.Rate(t, length) }
-	samples, run, err := g.run(ctx, j.p, j.spec, j.routers, j.seed, loadShape{
+	samples, run, err := g.run(ctx, j.router, j.spec, j.routers, j.seed, loadShape{
 		rate:     rate,
 		workload: func(t time.Duration) loadgen.Workload { return j.sc.Workload(t, length) },
 		length:   length,
+		retries:  j.sc.Retries,
 	})
 	if err != nil {
 		return err
 	}
 	row := summarize(samples, 0, length, capacity)
-	row.Scenario, row.Policy, row.Routers = j.sc.Name, j.p.Name, j.routers
+	row.Scenario, row.Policy, row.Routers, row.Retries = j.sc.Name, j.p.Name, j.routers, j.sc.Retries
 	row.Preemptions, row.CPUPct = run.preemptions, run.cpuPct
 	if v := j.spec.Thresholds.ActiveDecodeBlocks; v != nil {
 		row.Decode = *v
 	}
 	row.Series = series(samples, length, rate)
 	j.row = row
-	g.cfg.Progress(fmt.Sprintf("%s: goodput %.2f/s (%.0f %%), rejected %.0f %%, TTFT p99 %s, queue wait p99 %s, preemptions %d (set-up %v, drain %v)",
-		j.label, row.GoodputRPS, row.GoodputPct, row.RejectedPct, msText(row.TTFTp99), msText(row.QueueWaitP99), row.Preemptions,
+	g.cfg.Progress(fmt.Sprintf("%s: goodput %.2f/s (%.0f %%), rejected %.0f %%, failed %.0f %%, %.2f attempts a request, TTFT p99 %s, queue wait p99 %s, preemptions %d (set-up %v, drain %v)",
+		j.label, row.GoodputRPS, row.GoodputPct, row.RejectedPct, row.FailedPct, row.AttemptsPerRequest, msText(row.TTFTp99), msText(row.QueueWaitP99), row.Preemptions,
 		run.setup.Round(100*time.Millisecond), run.drain.Round(100*time.Millisecond)))
 	return nil
 }
@@ -607,7 +669,7 @@ func (g *goodput) capacity(ctx context.Context) (float64, error) {
 	none := Policy{Name: PolicyNone}
 	trial := func(rate float64) (bool, error) {
 		g.cfg.Progress(fmt.Sprintf("capacity: %.2f requests/s for %v after %v", rate, t.Measure, t.Warmup))
-		samples, _, err := g.run(ctx, none, MonitorSpec{}, 1, g.cfg.Seed, loadShape{
+		samples, _, err := g.run(ctx, none.Router, MonitorSpec{}, 1, g.cfg.Seed, loadShape{
 			rate:     func(time.Duration) float64 { return rate },
 			workload: func(time.Duration) loadgen.Workload { return loadgen.WorkloadChat },
 			length:   t.Warmup + t.Measure,
@@ -671,10 +733,28 @@ func bisect(trial func(rate float64) (bool, error), r float64) (float64, error) 
 	return lo, nil
 }
 
+// tries returns s's attempts: its Tries, or its one attempt when they are
+// not given; none when it was dropped.
+func tries(s loadgen.Sample) []loadgen.Try {
+	if s.Dropped {
+		return nil
+	}
+	if len(s.Tries) > 0 {
+		return s.Tries
+	}
+	return []loadgen.Try{{Status: s.Result.Status}}
+}
+
+// rejection reports whether an answer of status is a rejection: 503 (every
+// worker busy) or 429 (shed, or let go by a queue).
+func rejection(status int) bool {
+	return status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests
+}
+
 // summarize computes a row's figures over the requests offered in [from,
 // from+length).
 func summarize(samples []loadgen.Sample, from, length time.Duration, capacity float64) GoodputRow {
-	var offered, good, rejected int
+	var offered, good, sent, attempts, rejected, failed int
 	var ttft, tpot, wait []time.Duration
 	for _, s := range samples {
 		if s.Offered < from || s.Offered >= from+length {
@@ -684,9 +764,17 @@ func summarize(samples []loadgen.Sample, from, length time.Duration, capacity fl
 		if s.Good {
 			good++
 		}
-		switch s.Result.Status {
-		case 503, 429:
-			rejected++
+		if s.Dropped || s.Failed {
+			failed++
+		}
+		if ts := tries(s); len(ts) > 0 {
+			sent++
+			attempts += len(ts)
+			for _, t := range ts {
+				if rejection(t.Status) {
+					rejected++
+				}
+			}
 		}
 		if s.OK {
 			ttft = append(ttft, s.Result.TTFT)
@@ -703,7 +791,11 @@ func summarize(samples []loadgen.Sample, from, length time.Duration, capacity fl
 		row.GoodputPct = 100 * row.GoodputRPS / capacity
 	}
 	if offered > 0 {
-		row.RejectedPct = 100 * float64(rejected) / float64(offered)
+		row.FailedPct = 100 * float64(failed) / float64(offered)
+	}
+	if sent > 0 {
+		row.RejectedPct = 100 * float64(rejected) / float64(attempts)
+		row.AttemptsPerRequest = float64(attempts) / float64(sent)
 	}
 	row.TTFTp50, row.TTFTp99 = pct(ttft, 50), pct(ttft, 99)
 	row.ITLp99, row.QueueWaitP99 = pct(tpot, 99), pct(wait, 99)
@@ -720,6 +812,14 @@ func series(samples []loadgen.Sample, length time.Duration, target func(time.Dur
 		pts[i].TargetRPS = target(pts[i].T + time.Second/2)
 	}
 	for _, s := range samples {
+		for _, t := range tries(s) {
+			if k := int((s.Offered + t.At) / time.Second); k >= 0 && k < n {
+				pts[k].Attempts++
+				if rejection(t.Status) {
+					pts[k].Rejected++
+				}
+			}
+		}
 		i := int(s.Offered / time.Second)
 		if i < 0 || i >= n {
 			continue
@@ -727,9 +827,6 @@ func series(samples []loadgen.Sample, length time.Duration, target func(time.Dur
 		pts[i].Offered++
 		if s.Good {
 			pts[i].Good++
-		}
-		if st := s.Result.Status; st == 503 || st == 429 {
-			pts[i].Rejected++
 		}
 		if s.OK {
 			ttfts[i] = append(ttfts[i], s.Result.TTFT)
@@ -797,6 +894,8 @@ func median(rows []GoodputRow) GoodputRow {
 	out.GoodputRPS = f(func(r GoodputRow) float64 { return r.GoodputRPS })
 	out.GoodputPct = f(func(r GoodputRow) float64 { return r.GoodputPct })
 	out.RejectedPct = f(func(r GoodputRow) float64 { return r.RejectedPct })
+	out.FailedPct = f(func(r GoodputRow) float64 { return r.FailedPct })
+	out.AttemptsPerRequest = f(func(r GoodputRow) float64 { return r.AttemptsPerRequest })
 	out.CPUPct = f(func(r GoodputRow) float64 { return r.CPUPct })
 	out.Preemptions = uint64(math.Round(f(func(r GoodputRow) float64 { return float64(r.Preemptions) })))
 	out.TTFTp50 = opt(func(r GoodputRow) *float64 { return r.TTFTp50 })
@@ -808,9 +907,10 @@ func median(rows []GoodputRow) GoodputRow {
 
 // rounded returns row with its rates and shares to 0.01.
 func rounded(row GoodputRow) GoodputRow {
-	for _, v := range []*float64{&row.GoodputRPS, &row.GoodputPct, &row.RejectedPct, &row.CPUPct} {
+	for _, v := range []*float64{&row.GoodputRPS, &row.GoodputPct, &row.RejectedPct, &row.FailedPct, &row.CPUPct} {
 		*v = math.Round(*v*100) / 100
 	}
+	row.AttemptsPerRequest = math.Round(row.AttemptsPerRequest*1000) / 1000
 	return row
 }
 

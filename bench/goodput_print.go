@@ -18,23 +18,27 @@ func PrintGoodput(w io.Writer, r GoodputResult) {
 	}
 	fmt.Fprintf(w, "\nSLO (the profile's): TTFT ≤ %g ms, TPOT ≤ %g ms\n", r.SLO.TTFT, r.SLO.ITL)
 	fmt.Fprintf(w, "capacity (policy none, 1 router, chat, ≥ 99 %% good): %.2f requests/s\n", r.CapacityRPS)
-	fmt.Fprintf(w, "scenarios of %v: ramp 50 %% → 250 %% → 50 %% of capacity; burst 70 %% with 10× for 2 s every 10 s; shift 70 %%, chat then documents\n\n", r.Scenario)
+	fmt.Fprintf(w, "scenarios of %v: ramp 50 %% → 250 %% → 50 %% of capacity; burst 70 %% with 10× for 2 s every 10 s; shift 70 %%, chat then documents; "+
+		"spike 40 %% with 200 %% for 1 s every 10 s (queue waits up to %v there); clients of burst and spike retry %d times as the OpenAI SDKs do, the others give up\n\n",
+		r.Scenario, SpikeQueueMaxWait, ClientRetries)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tpolicy\trouters\tgoodput/s\t% of cap.\tTTFT p50\tTTFT p99\tTPOT p99\trejected\tqueue p99\tpreempt.\tCPU\t")
+	fmt.Fprintln(tw, "scenario\tpolicy\trouters\tgoodput/s\t% of cap.\tTTFT p50\tTTFT p99\tTPOT p99\trejected\tfailed\tatt./req.\tqueue p99\tpreempt.\thost CPU\t")
 	for _, row := range r.Results {
 		policy := row.Policy
 		if row.Policy == PolicyThresholdsBest {
 			policy += " (" + strconv.FormatFloat(row.Decode, 'g', -1, 64) + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.0f %%\t%s\t%s\t%s\t%.1f %%\t%s\t%d\t%.0f %%\t\n", row.Scenario, policy, row.Routers,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.0f %%\t%s\t%s\t%s\t%.1f %%\t%.1f %%\t%.2f\t%s\t%d\t%.0f %%\t\n", row.Scenario, policy, row.Routers,
 			row.GoodputRPS, row.GoodputPct, msText(row.TTFTp50), msText(row.TTFTp99), msText(row.ITLp99), row.RejectedPct,
-			msText(row.QueueWaitP99), row.Preemptions, row.CPUPct)
+			row.FailedPct, row.AttemptsPerRequest, msText(row.QueueWaitP99), row.Preemptions, row.CPUPct)
 	}
 	_ = tw.Flush()
 	for _, p := range r.Pending {
 		fmt.Fprintf(w, "not measured yet: %s, %s\n", p.Name, p.Pending)
 	}
-	fmt.Fprintf(w, "\nthresholds: decode %g, prefill unset; thresholds-best: the best of decode %v per scenario. CPU: the host's, all cores.\n",
+	fmt.Fprintf(w, "\nthresholds: decode %g, prefill unset; thresholds-best: the best of decode %v per scenario (not on spike).\n"+
+		"rejected: the share of attempts answered 503 or 429; failed: of the requests, those that never got a 200; att./req.: attempts a request sent.\n"+
+		"host CPU: the whole machine's use over the row, all cores, not the benchmark's alone.\n",
 		ThresholdsDecode, ThresholdsSweep)
 	for _, p := range r.Policies {
 		if d := PolicySettings(p); d != "" && p.Pending == "" {

@@ -80,18 +80,32 @@ td:first-child,th:first-child,td:nth-child(2),th:nth-child(2){text-align:left}
 		slo := r.SLO.TTFT
 		b.WriteString(chart("TTFT p99 of each second, ms (dashed: the SLO)", rows, nil,
 			func(p Point) float64 { return p.TTFTp99 }, &slo, false))
-		b.WriteString(chart("rejections/s (503 and 429), 3 s averages", rows, nil,
+		b.WriteString(chart("rejections/s (attempts answered 503 or 429), 3 s averages", rows, nil,
 			func(p Point) float64 { return float64(p.Rejected) }, nil, true))
-		b.WriteString("</div>\n<table><tr><th>policy</th><th>routers</th><th>goodput/s</th><th>% of capacity</th><th>TTFT p50</th><th>TTFT p99</th><th>TPOT p99</th><th>rejected</th><th>queue wait p99</th><th>preemptions</th></tr>\n")
+		if retrying(rows) {
+			b.WriteString(chart("attempts/s (first sends and retries) beside the offered arrivals (grey), 3 s averages", rows,
+				func(p Point) float64 { return float64(p.Offered) }, func(p Point) float64 { return float64(p.Attempts) }, nil, true))
+		}
+		b.WriteString("</div>\n<table><tr><th>policy</th><th>routers</th><th>goodput/s</th><th>% of capacity</th><th>TTFT p50</th><th>TTFT p99</th><th>TPOT p99</th><th>rejected</th><th>failed</th><th>attempts/request</th><th>queue wait p99</th><th>preemptions</th></tr>\n")
 		for _, row := range rows {
-			fmt.Fprintf(&b, "<tr><td>%s</td><td>%d</td><td>%.2f</td><td>%.0f %%</td><td>%s</td><td>%s</td><td>%s</td><td>%.1f %%</td><td>%s</td><td>%d</td></tr>\n",
+			fmt.Fprintf(&b, "<tr><td>%s</td><td>%d</td><td>%.2f</td><td>%.0f %%</td><td>%s</td><td>%s</td><td>%s</td><td>%.1f %%</td><td>%.1f %%</td><td>%.2f</td><td>%s</td><td>%d</td></tr>\n",
 				html.EscapeString(rowName(row)), row.Routers, row.GoodputRPS, row.GoodputPct, msText(row.TTFTp50), msText(row.TTFTp99),
-				msText(row.ITLp99), row.RejectedPct, msText(row.QueueWaitP99), row.Preemptions)
+				msText(row.ITLp99), row.RejectedPct, row.FailedPct, row.AttemptsPerRequest, msText(row.QueueWaitP99), row.Preemptions)
 		}
 		b.WriteString("</table>\n</section>\n")
 	}
 	b.WriteString("</body></html>\n")
 	return b.String()
+}
+
+// retrying reports whether the clients of any of rows retry.
+func retrying(rows []GoodputRow) bool {
+	for _, row := range rows {
+		if row.Retries > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func rowName(row GoodputRow) string {

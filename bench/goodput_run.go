@@ -32,6 +32,8 @@ type loadShape struct {
 	rate     func(time.Duration) float64
 	workload func(time.Duration) loadgen.Workload
 	length   time.Duration
+	// retries is the clients' loadgen.Config.Retries.
+	retries int
 }
 
 // runStats is what a row measures beside the requests.
@@ -44,10 +46,10 @@ type runStats struct {
 }
 
 // run starts a fresh monitor configured by spec, the fleet and routers
-// routers of p, offers shape to them (spread over the routers in turn),
-// waits for the requests in flight and stops everything. It returns every
-// offered request.
-func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers int, seed uint64, shape loadShape) (_ []loadgen.Sample, st runStats, err error) {
+// routers configured by rspec, offers shape to them (spread over the
+// routers in turn), waits for the requests in flight and stops
+// everything. It returns every offered request.
+func (g *goodput) run(ctx context.Context, rspec RouterSpec, spec MonitorSpec, routers int, seed uint64, shape loadShape) (_ []loadgen.Sample, st runStats, err error) {
 	var closers []func(context.Context) error
 	t0 := time.Now()
 	defer func() {
@@ -69,7 +71,7 @@ func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers i
 	closers = append(closers, fleet.Close)
 	var urls []string
 	for i := range routers {
-		rs := p.Router
+		rs := rspec
 		rs.NATSURL, rs.ID = mon.NATSURL(), "bench-"+strconv.Itoa(i)
 		r, err := g.cfg.Stack.StartRouter(ctx, rs)
 		if err != nil {
@@ -83,23 +85,7 @@ func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers i
 	}
 	st.setup = time.Since(t0)
 
-	// The client gives up on a request that can no longer be good: the
-	// longest a good one takes is TTFT + ITL × (the longest output − 1).
-	chat, _ := loadgen.WorkloadChat.Lengths()
-	timeout := g.slo.TTFT + g.slo.ITL*time.Duration(chat.OutputMax-1) + time.Second
-	lc := loadgen.DefaultConfig()
-	lc.Target, lc.Models = urls[0], []string{GoodputModel}
-	lc.Stream, lc.Arrivals, lc.Seed, lc.SLO, lc.Timeout = true, loadgen.ArrivalsPoisson, seed, g.slo, timeout
-	lc.CancelFraction, lc.Concurrency = 0, 4096
-	lc.WorkloadAt = shape.workload
-	lc.RateFunc = shape.rate
-	// The arrivals end after the scenario; the requests in flight that can
-	// still be good finish (loadgen's drain), within the client's timeout
-	// and a second, or MaxDrain: those cut count as not good.
-	lc.Duration, lc.MaxDrain = shape.length, timeout+time.Second
-	if g.cfg.MaxDrain > 0 {
-		lc.MaxDrain = g.cfg.MaxDrain
-	}
+	lc := g.loadConfig(urls[0], seed, shape)
 	var mu sync.Mutex
 	var samples []loadgen.Sample
 	lc.OnDone = func(s loadgen.Sample) {
@@ -148,6 +134,31 @@ func (g *goodput) run(ctx context.Context, p Policy, spec MonitorSpec, routers i
 	mu.Lock()
 	defer mu.Unlock()
 	return samples, st, nil
+}
+
+// loadConfig is the load generator's configuration of a row: shape offered
+// to target (the transport spreads it over the routers) from seed.
+func (g *goodput) loadConfig(target string, seed uint64, shape loadShape) loadgen.Config {
+	// The client gives up on a request that can no longer be good: the
+	// longest a good one takes is TTFT + ITL × (the longest output − 1),
+	// from its first attempt (retries and the waits between them
+	// included).
+	chat, _ := loadgen.WorkloadChat.Lengths()
+	timeout := g.slo.TTFT + g.slo.ITL*time.Duration(chat.OutputMax-1) + time.Second
+	lc := loadgen.DefaultConfig()
+	lc.Target, lc.Models = target, []string{GoodputModel}
+	lc.Stream, lc.Arrivals, lc.Seed, lc.SLO, lc.Timeout = true, loadgen.ArrivalsPoisson, seed, g.slo, timeout
+	lc.CancelFraction, lc.Concurrency, lc.Retries = 0, 4096, shape.retries
+	lc.WorkloadAt = shape.workload
+	lc.RateFunc = shape.rate
+	// The arrivals end after the scenario; the requests in flight that can
+	// still be good finish (loadgen's drain), within the client's timeout
+	// and a second, or MaxDrain: those cut count as not good.
+	lc.Duration, lc.MaxDrain = shape.length, timeout+time.Second
+	if g.cfg.MaxDrain > 0 {
+		lc.MaxDrain = g.cfg.MaxDrain
+	}
+	return lc
 }
 
 // waitFleet waits until the busy list shows every worker free, the

@@ -3,6 +3,7 @@ package bench
 import (
 	"encoding/json"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +21,7 @@ func TestScenarioShapes(t *testing.T) {
 	for _, sc := range Scenarios() {
 		by[sc.Name] = sc
 	}
-	ramp, burst, shift := by[ScenarioRamp], by[ScenarioBurst], by[ScenarioShift]
+	ramp, burst, shift, spike := by[ScenarioRamp], by[ScenarioBurst], by[ScenarioShift], by[ScenarioSpike]
 	for _, c := range []struct {
 		sc   Scenario
 		at   time.Duration
@@ -30,6 +31,9 @@ func TestScenarioShapes(t *testing.T) {
 		{burst, 0, 0.7}, {burst, 5 * time.Second, 7}, {burst, 6900 * time.Millisecond, 7}, {burst, 7 * time.Second, 0.7},
 		{burst, 15 * time.Second, 7}, {burst, 25 * time.Second, 7}, {burst, 29 * time.Second, 0.7},
 		{shift, 0, 0.7}, {shift, 29 * time.Second, 0.7},
+		// 40 %, 200 % in the first second of every 10 s from second 5.
+		{spike, 0, 0.4}, {spike, 4999 * time.Millisecond, 0.4}, {spike, 5 * time.Second, 2}, {spike, 5999 * time.Millisecond, 2},
+		{spike, 6 * time.Second, 0.4}, {spike, 15500 * time.Millisecond, 2}, {spike, 16 * time.Second, 0.4}, {spike, 25 * time.Second, 2},
 	} {
 		if got := c.sc.Rate(c.at, length); math.Abs(got-c.want) > 1e-9 {
 			t.Errorf("%s at %v: rate %v × capacity, want %v", c.sc.Name, c.at, got, c.want)
@@ -40,6 +44,81 @@ func TestScenarioShapes(t *testing.T) {
 	}
 	if shift.Workload(14*time.Second, length) != loadgen.WorkloadChat || shift.Workload(15*time.Second, length) != loadgen.WorkloadDocuments {
 		t.Error("shift is not chat for the first half, documents for the second")
+	}
+	if spike.Workload(5*time.Second, length) != loadgen.WorkloadChat || spike.Workload(29*time.Second, length) != loadgen.WorkloadChat {
+		t.Error("spike is not chat")
+	}
+	// Contract §23: burst and spike with clients that retry twice, the
+	// others with clients that give up; queue waits up to 2 s on spike.
+	for _, sc := range Scenarios() {
+		retries := 0
+		if sc.Name == ScenarioBurst || sc.Name == ScenarioSpike {
+			retries = 2
+		}
+		wait := time.Duration(0)
+		if sc.Name == ScenarioSpike {
+			wait = 2 * time.Second
+		}
+		if sc.Retries != retries || sc.QueueMaxWait != wait {
+			t.Errorf("%s: clients retry %d times, queue wait %v; want %d, %v", sc.Name, sc.Retries, sc.QueueMaxWait, retries, wait)
+		}
+	}
+}
+
+// TestPlan: every scenario runs every policy but thresholds-best on spike;
+// queue's routers wait 2 s on spike and QueueMaxWait elsewhere, other
+// policies never queue; a sweep is a job per value, each seed a job.
+func TestPlan(t *testing.T) {
+	t.Parallel()
+	g := &goodput{cfg: GoodputConfig{Scenarios: Scenarios(), Policies: Policies(false), Seeds: 2, Seed: 5}}
+	jobs, groups := g.plan()
+	rows := map[string]int{}
+	for _, grp := range groups {
+		rows[grp.p.Name]++
+	}
+	// 4 scenarios; thresholds-best on 3; queue and slo with 1 and 3 routers.
+	if rows[PolicyNone] != 4 || rows[PolicyThresholds] != 4 || rows[PolicyThresholdsBest] != 3 || rows[PolicyQueue] != 8 || rows[PolicySLO] != 8 {
+		t.Errorf("rows per policy %v", rows)
+	}
+	seeds := map[uint64]int{}
+	for _, j := range jobs {
+		seeds[j.seed]++
+		if j.sc.Name == ScenarioSpike && j.p.Name == PolicyThresholdsBest {
+			t.Errorf("thresholds-best runs on spike: %s", j.label)
+		}
+		want := time.Duration(0)
+		if j.p.Name == PolicyQueue {
+			want = QueueMaxWait
+			if j.sc.Name == ScenarioSpike {
+				want = SpikeQueueMaxWait
+			}
+		}
+		if j.router.QueueMaxWait != want {
+			t.Errorf("%s: routers wait %v, want %v", j.label, j.router.QueueMaxWait, want)
+		}
+	}
+	// Per seed: 4 × (none, thresholds, queue ×2, slo ×2) + 3 × the sweep's 3.
+	if seeds[5] != 33 || seeds[6] != 33 || len(seeds) != 2 {
+		t.Errorf("jobs per seed %v, want 33 for seeds 5 and 6", seeds)
+	}
+}
+
+// TestLoadConfig: a row's load generator offers the scenario's shape with
+// its clients' retries, Poisson arrivals from the row's seed, streamed,
+// with the profile's SLO.
+func TestLoadConfig(t *testing.T) {
+	t.Parallel()
+	g := &goodput{slo: loadgen.SLO{TTFT: time.Second, ITL: 50 * time.Millisecond}}
+	for _, retries := range []int{0, 2} {
+		lc := g.loadConfig("http://127.0.0.1:1", 9, loadShape{rate: func(time.Duration) float64 { return 3 },
+			workload: func(time.Duration) loadgen.Workload { return loadgen.WorkloadDocuments }, length: 7 * time.Second, retries: retries})
+		if err := lc.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		if lc.Retries != retries || lc.Seed != 9 || lc.Arrivals != loadgen.ArrivalsPoisson || !lc.Stream || lc.Duration != 7*time.Second ||
+			lc.RateAt(time.Second) != 3 || lc.WorkloadAt(0) != loadgen.WorkloadDocuments || lc.SLO != g.slo || lc.CancelFraction != 0 {
+			t.Errorf("retries %d: config %+v", retries, lc)
+		}
 	}
 }
 
@@ -68,8 +147,9 @@ func TestPolicies(t *testing.T) {
 	if th := full[0].Monitor.Thresholds; th.ActiveDecodeBlocks != nil || th.ActivePrefillTokens != nil || th.ActivePrefillTokensFrac != nil {
 		t.Errorf("none has thresholds %+v", th)
 	}
-	if s := full[2].Sweep; len(s) != 3 || s[0] != 0.6 || s[1] != 0.75 || s[2] != 0.9 || full[2].OnlyOn != nil {
-		t.Errorf("thresholds-best: sweep %v on %v", s, full[2].OnlyOn)
+	if s, on := full[2].Sweep, full[2].OnlyOn; len(s) != 3 || s[0] != 0.6 || s[1] != 0.75 || s[2] != 0.9 ||
+		!slices.Equal(on, []string{ScenarioRamp, ScenarioBurst, ScenarioShift}) {
+		t.Errorf("thresholds-best: sweep %v on %v; want 0.6, 0.75, 0.9 on every scenario but spike", s, on)
 	}
 	if on := quick[2].OnlyOn; len(on) != 2 || on[0] != ScenarioRamp || on[1] != ScenarioShift {
 		t.Errorf("--quick thresholds-best on %v, want ramp and shift", on)
@@ -139,13 +219,13 @@ func TestSummarize(t *testing.T) {
 	}
 	samples := []loadgen.Sample{
 		ok(0, 100*time.Millisecond, true), ok(time.Second, 200*time.Millisecond, true), ok(1500*time.Millisecond, 3*time.Second, false),
-		{Offered: 1600 * time.Millisecond, Result: loadgen.Result{Status: 503}},
+		{Offered: 1600 * time.Millisecond, Result: loadgen.Result{Status: 503}, Failed: true},
 		{Offered: 1700 * time.Millisecond, Dropped: true},
 		ok(5*time.Second, time.Millisecond, true), // outside the window
 	}
 	row := summarize(samples, 0, 2*time.Second, 2)
-	if row.GoodputRPS != 1 || row.GoodputPct != 50 || row.RejectedPct != 20 {
-		t.Errorf("goodput %v/s (%v %%), rejected %v %%; want 1/s, 50 %%, 20 %%", row.GoodputRPS, row.GoodputPct, row.RejectedPct)
+	if row.GoodputRPS != 1 || row.GoodputPct != 50 || row.RejectedPct != 25 {
+		t.Errorf("goodput %v/s (%v %%), rejected %v %%; want 1/s, 50 %%, 25 %% (1 of the 4 sent)", row.GoodputRPS, row.GoodputPct, row.RejectedPct)
 	}
 	if row.TTFTp50 == nil || *row.TTFTp50 != 200 || *row.TTFTp99 != 3000 || *row.ITLp99 != 20 || row.QueueWaitP99 != nil {
 		t.Errorf("ttft %v/%v itl %v queue %v", row.TTFTp50, row.TTFTp99, row.ITLp99, row.QueueWaitP99)
@@ -160,6 +240,43 @@ func TestSummarize(t *testing.T) {
 	pts := series(samples, 2*time.Second, func(time.Duration) float64 { return 4 })
 	if len(pts) != 2 || pts[0].Offered != 1 || pts[1].Offered != 4 || pts[1].Good != 1 || pts[1].Rejected != 1 || pts[1].TTFTp99 != 3000 || pts[0].TargetRPS != 4 {
 		t.Errorf("series %+v", pts)
+	}
+	if row.FailedPct != 40 || row.AttemptsPerRequest != 1 {
+		t.Errorf("failed %v %%, %v attempts a request; want 40 %% (the 503 and the dropped one), 1", row.FailedPct, row.AttemptsPerRequest)
+	}
+}
+
+// TestSummarizeRetries: with clients that retry, rejected is the share of
+// attempts answered 503 or 429, failed the share of requests whose last
+// attempt got no 200, attempts a request over the requests sent; the
+// series counts attempts, and rejections, in the second they were sent.
+func TestSummarizeRetries(t *testing.T) {
+	t.Parallel()
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	served := loadgen.Result{Status: 200, Stream: true, Complete: true, Finished: true, Tokens: 2, TTFT: ms(900), E2E: ms(950)}
+	samples := []loadgen.Sample{
+		// Rejected, retried 700 ms later, served: good.
+		{Offered: ms(500), OK: true, Good: true, Result: served, Attempts: 2, Tries: []loadgen.Try{{At: 0, Status: 503}, {At: ms(700), Status: 200}}},
+		// Rejected three times: failed.
+		{Offered: ms(800), Result: loadgen.Result{Status: 429}, Attempts: 3, Failed: true,
+			Tries: []loadgen.Try{{At: 0, Status: 503}, {At: ms(100), Status: 429}, {At: ms(1300), Status: 429}}},
+		// Served at once.
+		{Offered: ms(1200), OK: true, Good: true, Result: served, Attempts: 1, Tries: []loadgen.Try{{At: 0, Status: 200}}},
+		// Dropped at the client's cap: failed, never sent.
+		{Offered: ms(1900), Dropped: true},
+	}
+	row := summarize(samples, 0, 2*time.Second, 1)
+	if row.GoodputRPS != 1 || math.Abs(row.RejectedPct-400.0/6) > 1e-9 || row.FailedPct != 50 || row.AttemptsPerRequest != 2 {
+		t.Errorf("goodput %v/s, rejected %v %%, failed %v %%, %v attempts a request; want 1/s, 66.7 %% (4 of 6 attempts), 50 %%, 2",
+			row.GoodputRPS, row.RejectedPct, row.FailedPct, row.AttemptsPerRequest)
+	}
+	pts := series(samples, 3*time.Second, func(time.Duration) float64 { return 2 })
+	// Sent at 0.5 (503), 0.8 (503), 0.9 s (429); 1.2, 1.2 s (200s); 2.1 s (429).
+	for i, want := range []struct{ offered, attempts, rejected int }{{2, 3, 3}, {2, 2, 0}, {0, 1, 1}} {
+		if p := pts[i]; p.Offered != want.offered || p.Attempts != want.attempts || p.Rejected != want.rejected {
+			t.Errorf("second %d: offered %d, attempts %d, rejected %d; want %d, %d, %d", i, p.Offered, p.Attempts, p.Rejected,
+				want.offered, want.attempts, want.rejected)
+		}
 	}
 }
 

@@ -33,13 +33,13 @@ type benchGoodputOptions struct {
 }
 
 func (o *benchGoodputOptions) flags(fs *flag.FlagSet) {
-	fs.BoolVar(&o.quick, "quick", false, "shorter windows (8 s after 3 s for the capacity, 12 s scenarios), thresholds-best on ramp and shift only: within 8 minutes on 2 cores")
+	fs.BoolVar(&o.quick, "quick", false, "shorter windows (8 s after 3 s for the capacities, 12 s scenarios), thresholds-best on ramp and shift only: within 10 minutes on 2 cores")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the figures as one JSON object")
-	fs.StringVar(&o.reportDir, "report", "", "directory to write report.html to: offered load, goodput, TTFT p99 and rejections over time, per scenario and policy")
+	fs.StringVar(&o.reportDir, "report", "", "directory to write report.html to: offered load, goodput, TTFT p99, rejections and (where clients retry) attempts over time, per scenario and policy")
 	fs.IntVar(&o.seeds, "seeds", 1, "run each row this many times (seeds --seed, --seed+1, ...) and report the medians")
 	fs.Uint64Var(&o.seed, "seed", wmbench.DefaultGoodputSeed, "seed of the Poisson arrivals and of the requests' lengths")
 	fs.StringVar(&o.policies, "policies", "", "run only these policies, comma-separated (none, thresholds, thresholds-best, queue, slo; default all)")
-	fs.StringVar(&o.scenarios, "scenarios", "", "run only these scenarios, comma-separated (ramp, burst, shift; default all)")
+	fs.StringVar(&o.scenarios, "scenarios", "", "run only these scenarios, comma-separated (ramp, burst, shift, spike; default all)")
 	fs.IntVar(&o.parallel, "parallel", wmbench.DefaultParallel, "rows measured at once, each with its own monitor, fleet and routers (the capacity's trials run one at a time)")
 	fs.Float64Var(&o.capacity, "capacity", 0, "take this capacity (requests/s) instead of measuring it, e.g. a full run's, to repeat some rows (0: measure it)")
 	o.log.flags(fs)

@@ -25,12 +25,13 @@ import (
 )
 
 // TestBenchGoodputPlumbing runs a tiny goodput benchmark with the real
-// monitor, fleet and routers (2 s of the ramp at a rate that overloads the
-// fleet, the capacity given), every policy, and checks the rows, the JSON
-// document of contract §16, the table and the report: the queue rows ran
-// routers with the queue on and report a queue wait, the slo rows a
-// monitor controlling the model under the profile's SLO. No goodput figure
-// is asserted: the machine is shared.
+// monitor, fleet and routers (2 s of the ramp and of the spike at rates that
+// overload the fleet, the capacity given), every policy, and checks the
+// rows, the JSON document of contract §16, the table and the report: the
+// queue rows ran routers with the queue on (waiting 2 s on spike) and
+// report a queue wait, the slo rows a monitor controlling the model under
+// the profile's SLO, thresholds-best did not run on spike, whose clients
+// retry. No goodput figure is asserted: the machine is shared.
 func TestBenchGoodputPlumbing(t *testing.T) {
 	t.Parallel()
 	var progress syncbuf.Buffer
@@ -52,7 +53,7 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 		Timings:   wmbench.Timings{Warmup: time.Second, Measure: time.Second, Scenario: 2 * time.Second},
 		Capacity:  40, // 20 to 100 requests/s: far over what 4 tiny ranks serve
 		MaxDrain:  500 * time.Millisecond,
-		Scenarios: wmbench.Scenarios()[:1], // ramp
+		Scenarios: scenarios(t, wmbench.ScenarioRamp, wmbench.ScenarioSpike),
 		Policies:  policies,
 		Seed:      7,
 		Progress:  func(s string) { _, _ = progress.Write([]byte(s + "\n")) },
@@ -64,14 +65,14 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 		t.Errorf("pending policies %v", res.Pending)
 	}
 	type rowID struct {
-		policy  string
-		routers int
+		scenario, policy string
+		routers          int
 	}
 	var ids []rowID
 	for _, r := range res.Results {
-		ids = append(ids, rowID{r.Policy, r.Routers})
-		if r.Scenario != wmbench.ScenarioRamp {
-			t.Errorf("row %+v: want scenario ramp", r)
+		ids = append(ids, rowID{r.Scenario, r.Policy, r.Routers})
+		if r.AttemptsPerRequest < 1 || r.FailedPct < 0 || r.FailedPct > 100 || (r.Retries == 2) != (r.Scenario == wmbench.ScenarioSpike) {
+			t.Errorf("row %s %s: %v attempts a request, failed %v %%, clients retry %d times", r.Scenario, r.Policy, r.AttemptsPerRequest, r.FailedPct, r.Retries)
 		}
 		if len(r.Series) != 2 {
 			t.Errorf("row %s: %d points, want one a second of 2 s", r.Policy, len(r.Series))
@@ -80,7 +81,9 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 			t.Errorf("row %s, %d router(s): queue wait p99 %v; want one exactly for queue", r.Policy, r.Routers, r.QueueWaitP99)
 		}
 	}
-	want := []rowID{{"none", 1}, {"thresholds", 1}, {"thresholds-best", 1}, {"queue", 1}, {"queue", 3}, {"slo", 1}, {"slo", 3}}
+	want := []rowID{{"ramp", "none", 1}, {"ramp", "thresholds", 1}, {"ramp", "thresholds-best", 1}, {"ramp", "queue", 1}, {"ramp", "queue", 3},
+		{"ramp", "slo", 1}, {"ramp", "slo", 3},
+		{"spike", "none", 1}, {"spike", "thresholds", 1}, {"spike", "queue", 1}, {"spike", "queue", 3}, {"spike", "slo", 1}, {"spike", "slo", 3}}
 	if !slices.Equal(ids, want) {
 		t.Errorf("rows %v, want %v", ids, want)
 	}
@@ -107,18 +110,23 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 			t.Errorf("an slo monitor's controller applied %+v: want thresholds within its ranges", r.Applied)
 		}
 	}
+	waits := map[float64]int{}
 	for _, q := range stack.routers {
 		if q.spec.QueueMaxWait > 0 {
 			queueRouters++
-			if !q.queues.Enabled || q.queues.MaxWaitMs != float64(wmbench.QueueMaxWait.Milliseconds()) {
-				t.Errorf("a queue router's /queues: %+v; want enabled, max wait %v", q.queues, wmbench.QueueMaxWait)
+			waits[q.queues.MaxWaitMs]++
+			if !q.queues.Enabled || q.queues.MaxWaitMs != float64(q.spec.QueueMaxWait.Milliseconds()) {
+				t.Errorf("a queue router's /queues: %+v; want enabled, max wait %v", q.queues, q.spec.QueueMaxWait)
 			}
 		} else if q.queues.Enabled {
 			t.Errorf("a router of another policy has its queue on")
 		}
 	}
-	if sloMonitors != 2 || queueRouters != 4 {
-		t.Errorf("%d monitors with an SLO, %d routers with a queue; want 2 (slo, 1 and 3 routers) and 4 (queue: 1 + 3)", sloMonitors, queueRouters)
+	if sloMonitors != 4 || queueRouters != 8 {
+		t.Errorf("%d monitors with an SLO, %d routers with a queue; want 4 (slo, 1 and 3 routers, 2 scenarios) and 8 (queue: 1 + 3, twice)", sloMonitors, queueRouters)
+	}
+	if waits[float64(wmbench.QueueMaxWait.Milliseconds())] != 4 || waits[2000] != 4 {
+		t.Errorf("queue routers by their max wait (ms): %v; want 4 of %v (ramp) and 4 of 2 s (spike)", waits, wmbench.QueueMaxWait)
 	}
 
 	data, err := json.Marshal(res)
@@ -144,10 +152,10 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 		t.Errorf("slo keys %v, want %v", got, want)
 	}
 	rows := doc["results"].([]any)
-	if len(rows) != 7 {
-		t.Fatalf("%d results, want 7", len(rows))
+	if len(rows) != 13 {
+		t.Fatalf("%d results, want 13", len(rows))
 	}
-	keysWant := []string{"cpu_pct", "goodput_pct", "goodput_rps", "itl_p99_ms", "policy", "preemptions", "queue_wait_p99_ms",
+	keysWant := []string{"attempts_per_request", "cpu_pct", "failed_pct", "goodput_pct", "goodput_rps", "itl_p99_ms", "policy", "preemptions", "queue_wait_p99_ms",
 		"rejected_pct", "routers", "scenario", "ttft_p50_ms", "ttft_p99_ms"}
 	for _, r := range rows {
 		row := r.(map[string]any)
@@ -178,9 +186,20 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(page), "<svg"); n != 3 {
-		t.Errorf("the report has %d charts, want 3 (one scenario)", n)
+	// 3 charts for ramp, 4 for spike (attempts/s: its clients retry).
+	if n := strings.Count(string(page), "<svg"); n != 7 {
+		t.Errorf("the report has %d charts, want 7", n)
 	}
+}
+
+// scenarios returns the benchmark's scenarios of those names.
+func scenarios(t *testing.T, names ...string) []wmbench.Scenario {
+	t.Helper()
+	scs, err := wmbench.SelectScenarios(names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return scs
 }
 
 // TestBenchGoodputReportInBrowser opens a report in headless Chromium: every
