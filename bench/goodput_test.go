@@ -3,7 +3,9 @@ package bench
 import (
 	"encoding/json"
 	"math"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -310,11 +312,11 @@ func TestReportHTML(t *testing.T) {
 	if n := strings.Count(page, `<section class="scenario"`); n != 2 {
 		t.Errorf("%d scenario sections, want 2", n)
 	}
-	if n := strings.Count(page, "<svg"); n != 6 {
+	if n := strings.Count(page, `class="chart"`); n != 6 {
 		t.Errorf("%d charts, want 6", n)
 	}
 	// Per scenario: offered + 2 goodput lines, 2 TTFT lines, 2 rejection lines.
-	if n := strings.Count(page, `class="series"`); n != 14 {
+	if n := strings.Count(page, `class="series `); n != 14 {
 		t.Errorf("%d lines, want 14", n)
 	}
 	for _, bad := range []string{"<script", "<link", "src=", "http://", "https://"} {
@@ -329,6 +331,168 @@ func TestReportHTML(t *testing.T) {
 	page = ReportHTML(r)
 	if !strings.Contains(page, "<code>queue</code>: router --queue-max-wait 800ms") || !strings.Contains(page, "<code>slo</code>: SLO TTFT ≤ 1000 ms, ITL ≤ 50 ms") {
 		t.Error("the page does not give the queue and slo policies' settings")
+	}
+	if !strings.Contains(page, "<th>host CPU</th>") || strings.Contains(page, "<th>CPU</th>") {
+		t.Error("the page's tables do not label the CPU column host CPU")
+	}
+}
+
+// pathRe matches a line of a chart: its class, name, points and style.
+var pathRe = regexp.MustCompile(`<path class="series ([a-z]+)" data-series="([^"]*)" d="([^"]*)" fill="none" stroke="([^"]*)" stroke-width="[^"]*"(?: stroke-dasharray="([^"]*)")?/>`)
+
+// svgPaths returns the lines of the first chart of page whose caption
+// starts with caption, by name: their points' y coordinates, their M
+// commands, their stroke and dash.
+type svgPath struct {
+	class, color, dash string
+	ys                 []float64
+	moves              int
+}
+
+func chartPaths(t *testing.T, page, caption string) map[string]svgPath {
+	t.Helper()
+	out := map[string]svgPath{}
+	svg := chartSVG(t, page, caption)
+	for _, m := range pathRe.FindAllStringSubmatch(svg, -1) {
+		p := svgPath{class: m[1], color: m[4], dash: m[5], moves: strings.Count(m[3], "M")}
+		for _, pt := range regexp.MustCompile(`[ML]([0-9.]+) ([0-9.]+)`).FindAllStringSubmatch(m[3], -1) {
+			y, _ := strconv.ParseFloat(pt[2], 64)
+			p.ys = append(p.ys, y)
+		}
+		out[m[2]] = p
+	}
+	return out
+}
+
+// chartSVG returns the first chart of page whose caption starts with
+// caption.
+func chartSVG(t *testing.T, page, caption string) string {
+	t.Helper()
+	i := strings.Index(page, `aria-label="`+caption)
+	if i < 0 {
+		t.Fatalf("no chart %q", caption)
+	}
+	return page[i : i+strings.Index(page[i:], "</svg>")]
+}
+
+// TestReportLines (issue 35): the offered line is the measured arrivals,
+// not the scenario's target, so goodput is never drawn above it; every
+// policy of 8 has a colour and a dash of its own, the same in every
+// scenario; a TTFT line runs on through a second without a successful
+// request, carrying the last value and marking it; each scenario names its
+// winner.
+func TestReportLines(t *testing.T) {
+	t.Parallel()
+	names := []struct {
+		policy  string
+		routers int
+	}{{"none", 1}, {"thresholds", 1}, {"thresholds-best", 1}, {"queue", 1}, {"queue", 3}, {"slo", 1}, {"slo", 3}, {"committed", 1}}
+	var r GoodputResult
+	for _, sc := range []string{"ramp", "spike"} {
+		for i, n := range names {
+			row := GoodputRow{Scenario: sc, Policy: n.policy, Routers: n.routers, Decode: 0.9, GoodputRPS: float64(10 + i), Preemptions: uint64(20 - i)}
+			for s := range 6 {
+				// The target is far above what arrived: the old report drew
+				// it, and the goodput of the first seconds above the line.
+				p := Point{T: time.Duration(s) * time.Second, TargetRPS: 40, Offered: 2 + s, Good: 2 + s - i%2, TTFTp99: float64(100 + 10*i)}
+				if s == 2 || s == 3 {
+					p.TTFTp99 = math.NaN() // no successful request
+				}
+				row.Series = append(row.Series, p)
+			}
+			r.Results = append(r.Results, row)
+		}
+	}
+	page := ReportHTML(r)
+	lines := chartPaths(t, page, "requests/s")
+	offered, ok := lines["offered (measured arrivals)"]
+	if !ok || offered.class != "offered" {
+		t.Fatalf("no offered line in %v", lines)
+	}
+	// y grows downwards: the offered line is at or above (smaller y) every
+	// goodput line at each second, and it tops the chart (y of 10 s at the
+	// 1..10 scale), not the target of 40.
+	for name, l := range lines {
+		if l.class != "policy" {
+			continue
+		}
+		for i, y := range l.ys {
+			if y < offered.ys[i]-0.05 {
+				t.Errorf("%s: goodput drawn above the offered line at second %d (y %v < %v)", name, i, y, offered.ys[i])
+			}
+		}
+	}
+	if svg := chartSVG(t, page, "requests/s"); !strings.Contains(svg, ">10</text>") || strings.Contains(svg, ">40</text>") || strings.Contains(svg, ">50</text>") {
+		t.Error("the requests/s axis is scaled to the target, not to the measured arrivals")
+	}
+	// Distinct colour and dash per policy, the same in both scenarios.
+	colors, dashes := map[string]string{}, map[string]string{}
+	for _, caption := range []string{"requests/s", "TTFT p99", "rejections/s"} {
+		for name, l := range chartPaths(t, page, caption) {
+			if l.class != "policy" {
+				continue
+			}
+			if c, ok := colors[name]; ok && (c != l.color || dashes[name] != l.dash) {
+				t.Errorf("%s: style %s %q in one chart, %s %q in another", name, c, dashes[name], l.color, l.dash)
+			}
+			colors[name], dashes[name] = l.color, l.dash
+		}
+	}
+	if len(colors) != len(names) {
+		t.Fatalf("%d policies styled, want %d: %v", len(colors), len(names), colors)
+	}
+	seenC, seenD := map[string]string{}, map[string]string{}
+	for name := range colors {
+		if o, dup := seenC[colors[name]]; dup {
+			t.Errorf("%s and %s share the colour %s", name, o, colors[name])
+		}
+		if o, dup := seenD[dashes[name]]; dup {
+			t.Errorf("%s and %s share the dash %q", name, o, dashes[name])
+		}
+		seenC[colors[name]], seenD[dashes[name]] = name, name
+	}
+	// TTFT: one unbroken line per policy over 6 seconds, two carried
+	// seconds marked, at the value before them.
+	for name, l := range chartPaths(t, page, "TTFT p99") {
+		if l.moves != 1 || len(l.ys) != 6 || l.ys[2] != l.ys[1] || l.ys[3] != l.ys[1] {
+			t.Errorf("TTFT of %s: %d pieces, points %v; want one line of 6, seconds 2 and 3 at second 1's value", name, l.moves, l.ys)
+		}
+	}
+	if n := strings.Count(page, `<circle class="carried"`); n != 2*2*len(names) {
+		t.Errorf("%d carried markers, want %d (2 seconds × %d policies × 2 scenarios)", n, 4*len(names), len(names))
+	}
+	// The winner: committed, with the most goodput.
+	if n := strings.Count(page, `<p class="verdict">Winner: committed, with 17.00 good requests/s`); n != 2 {
+		t.Errorf("%d winner sentences naming committed, want 2", n)
+	}
+}
+
+// TestVerdict names the winner by goodput, its margin, and why from the
+// figures; a margin under CloseMargin is called a tie.
+func TestVerdict(t *testing.T) {
+	t.Parallel()
+	f := func(v float64) *float64 { return &v }
+	rows := []GoodputRow{
+		{Policy: "none", Routers: 1, GoodputRPS: 5.33, GoodputPct: 43, Preemptions: 99, TTFTp99: f(8648)},
+		{Policy: "thresholds-best", Routers: 1, Decode: 0.9, GoodputRPS: 11.0, GoodputPct: 88, Preemptions: 14, TTFTp99: f(605), RejectedPct: 35, FailedPct: 35},
+		{Policy: "queue", Routers: 3, GoodputRPS: 12.17, GoodputPct: 97, Preemptions: 7, TTFTp99: f(937), RejectedPct: 30, FailedPct: 20},
+	}
+	got := Verdict(rows)
+	for _, want := range []string{
+		"Winner: queue, 3 routers, with 12.17 good requests/s (97 % of capacity), 1.17/s ahead of thresholds-best (0.9) (11.00/s).",
+		"fewer preemptions (7 against 14)", "fewer failed requests (20.0 % against 35.0 %)", "fewer rejected attempts (30.0 % against 35.0 %)",
+		"Last: none, 5.33/s, with 99 preemptions and a TTFT p99 of 8648 ms",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("verdict %q\nlacks %q", got, want)
+		}
+	}
+	if strings.Contains(got, "TTFT p99 (937") || strings.Contains(got, "tie") {
+		t.Errorf("verdict %q: names a figure the winner lost on, or a tie", got)
+	}
+	rows[1].GoodputRPS = 12.0
+	if got := Verdict(rows); !strings.Contains(got, "within what one seed moves") {
+		t.Errorf("a 1.4 %% margin: %q; want it called a tie", got)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -187,7 +188,7 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 		t.Fatal(err)
 	}
 	// 3 charts for ramp, 4 for spike (attempts/s: its clients retry).
-	if n := strings.Count(string(page), "<svg"); n != 7 {
+	if n := strings.Count(string(page), `class="chart"`); n != 7 {
 		t.Errorf("the report has %d charts, want 7", n)
 	}
 }
@@ -203,8 +204,10 @@ func scenarios(t *testing.T, names ...string) []wmbench.Scenario {
 }
 
 // TestBenchGoodputReportInBrowser opens a report in headless Chromium: every
-// scenario has its three charts with a line per policy and the offered load,
-// nothing is fetched from elsewhere, and a screenshot is saved.
+// scenario has its three charts (four where clients retry: attempts/s) with
+// a line per policy and the offered load, each policy drawn with its own
+// dash, a sentence naming the winner, nothing fetched from elsewhere, and a
+// screenshot is saved.
 func TestBenchGoodputReportInBrowser(t *testing.T) {
 	chrome := findChromium()
 	if chrome == "" {
@@ -216,12 +219,17 @@ func TestBenchGoodputReportInBrowser(t *testing.T) {
 		Scenario: 30 * time.Second, Pending: []wmbench.Policy{{Name: "queue", Pending: "not built"}}}
 	for _, sc := range wmbench.Scenarios() {
 		for i, policy := range []string{"none", "thresholds", "thresholds-best"} {
-			row := wmbench.GoodputRow{Scenario: sc.Name, Policy: policy, Routers: 1, Decode: 0.75}
+			row := wmbench.GoodputRow{Scenario: sc.Name, Policy: policy, Routers: 1, Decode: 0.75, Retries: sc.Retries,
+				GoodputRPS: 8 - float64(i)}
 			for s := range 30 {
 				at := time.Duration(s) * time.Second
 				offered := 10 * sc.Rate(at, 30*time.Second)
-				row.Series = append(row.Series, wmbench.Point{T: at, TargetRPS: offered, Offered: int(offered),
-					Good: int(min(offered, 10-float64(i))), Rejected: int(max(0, offered-10)) * i, TTFTp99: 200 + 400*float64(i)*offered})
+				pt := wmbench.Point{T: at, TargetRPS: offered, Offered: int(offered), Attempts: int(offered) + int(max(0, offered-10))*i,
+					Good: int(min(offered, 10-float64(i))), Rejected: int(max(0, offered-10)) * i, TTFTp99: 200 + 400*float64(i)*offered}
+				if s%7 == 3 {
+					pt.TTFTp99 = math.NaN()
+				}
+				row.Series = append(row.Series, pt)
 			}
 			res.Results = append(res.Results, row)
 		}
@@ -231,15 +239,20 @@ func TestBenchGoodputReportInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := openBrowser(t, chrome, "file://"+filepath.ToSlash(path))
-	b.poll("nine charts are drawn", `document.querySelectorAll('section.scenario svg.chart').length === 9`, 10*time.Second)
+	b.poll("14 charts are drawn", `document.querySelectorAll('section.scenario svg.chart').length === 14`, 10*time.Second)
 	b.poll("each chart has its lines", `[...document.querySelectorAll('svg.chart')].every(s =>
 		s.querySelectorAll('path.series').length >= 3 && s.getBoundingClientRect().width > 100)`, 5*time.Second)
 	b.poll("the requests/s charts show the offered load and 3 policies", `[...document.querySelectorAll('section.scenario')].every(s =>
 		s.querySelector('svg.chart').querySelectorAll('path.series').length === 4)`, 5*time.Second)
+	b.poll("each policy has its own dash", `[...document.querySelectorAll('svg.chart')].every(s =>
+		new Set([...s.querySelectorAll('path.series.policy')].map(p => p.getAttribute('stroke-dasharray') || 'solid')).size === 3)`, 5*time.Second)
+	b.poll("the TTFT lines carry through seconds without a value, marked", `[...document.querySelectorAll('section.scenario')].every(s =>
+		s.querySelectorAll('circle.carried').length > 0)`, 5*time.Second)
+	b.poll("the scenarios with retries plot attempts", `document.querySelectorAll('svg.chart[aria-label^="attempts/s"]').length === 2`, 5*time.Second)
 	b.poll("nothing is loaded from elsewhere", `performance.getEntriesByType('resource').length === 0 &&
 		document.querySelectorAll('script, link, img, [src]').length === 0`, 5*time.Second)
-	if got := b.text("body"); !strings.Contains(got, "Not measured yet: queue") {
-		t.Errorf("the page does not say queue is not measured yet: %.300q", got)
+	if got := b.text("body"); !strings.Contains(got, "Not measured yet: queue") || strings.Count(got, "Winner: none, with 8.00 good requests/s") != 4 {
+		t.Errorf("the page does not say queue is not measured yet, or does not name the winner of each scenario: %.300q", got)
 	}
 	shot, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
 	if err != nil {
