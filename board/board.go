@@ -15,12 +15,19 @@
 // of one per client, and a client that does not take an event within
 // Config.WriteTimeout is dropped.
 //
+// A second goroutine, the sampler, also owned by the Board and stopped by
+// Close, reads the source every Config.HistoryInterval whether or not
+// anyone watches, and keeps the last Config.HistoryLen points of each
+// model's counts in a ring (history.go): the page draws its strip of the
+// last minutes from them, so a page opened during a peak shows it.
+//
 // Paths (register each of Patterns on the server's mux):
 //
 //	GET /                the page
 //	GET /board/<asset>   its stylesheet and script
 //	GET /board/events    the server-sent events: "snapshot" events whose data is a Snapshot in JSON
 //	GET /board/snapshot  the current Snapshot as JSON, once
+//	GET /board/history   the last minutes as a History in JSON
 package board
 
 import (
@@ -86,13 +93,24 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the board's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
+	// HistoryInterval is how often the sampler reads the source for the
+	// history; > 0 when HistoryLen is.
+	HistoryInterval time.Duration
+	// HistoryLen is how many points the history keeps, at most 86,400; 0
+	// keeps none and starts no sampler (GET /board/history answers no
+	// points).
+	HistoryLen int
+	// HistoryModels bounds the models of one point (the first ones, by
+	// name); > 0 when HistoryLen is.
+	HistoryModels int
 }
 
 // DefaultConfig returns a Config with every default set; the caller sets
 // Source.
 func DefaultConfig() Config {
 	return Config{Interval: DefaultInterval, Heartbeat: DefaultHeartbeat, MaxClients: DefaultMaxClients,
-		WriteTimeout: DefaultWriteTimeout, ReadTimeout: DefaultReadTimeout}
+		WriteTimeout: DefaultWriteTimeout, ReadTimeout: DefaultReadTimeout,
+		HistoryInterval: DefaultHistoryInterval, HistoryLen: DefaultHistoryLen, HistoryModels: DefaultHistoryModels}
 }
 
 // Validate reports every problem of the configuration at once.
@@ -111,6 +129,17 @@ func (c Config) Validate() error {
 	}
 	if c.MaxClients <= 0 {
 		errs = append(errs, fmt.Errorf("max clients %d must be positive", c.MaxClients))
+	}
+	if c.HistoryLen < 0 || c.HistoryLen > maxHistoryLen {
+		errs = append(errs, fmt.Errorf("history len %d must be in [0, %d]", c.HistoryLen, maxHistoryLen))
+	}
+	if c.HistoryLen > 0 {
+		if c.HistoryInterval <= 0 {
+			errs = append(errs, fmt.Errorf("history interval %v must be positive", c.HistoryInterval))
+		}
+		if c.HistoryModels <= 0 {
+			errs = append(errs, fmt.Errorf("history models %d must be positive", c.HistoryModels))
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("board: %w: %w", ErrInvalidConfig, err)
@@ -146,14 +175,15 @@ func securityHeaders(h http.Header) {
 	h.Set("Referrer-Policy", "no-referrer")
 }
 
-// ServeHTTP serves the page, its assets, the event stream and the JSON
-// snapshot.
+// ServeHTTP serves the page, its assets, the event stream, the JSON
+// snapshot and the history.
 func (b *Board) ServeHTTP(w http.ResponseWriter, r *http.Request) { b.mux.ServeHTTP(w, r) }
 
 func (b *Board) routes() {
 	b.mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { serveAsset(w, r, "index.html") })
 	b.mux.HandleFunc("GET /board/events", b.serveEvents)
 	b.mux.HandleFunc("GET /board/snapshot", b.serveSnapshot)
+	b.mux.HandleFunc("GET /board/history", b.serveHistory)
 	b.mux.HandleFunc("GET /board/{name}", func(w http.ResponseWriter, r *http.Request) {
 		serveAsset(w, r, r.PathValue("name"))
 	})

@@ -11,9 +11,11 @@ import (
 // monitor's own state) and RouterSource (a router's busy list, registry and
 // admission counts) implement it.
 //
-// Snapshot is called from the Board's one publishing goroutine, at most once
-// per Config.Interval and only while a client watches. It must not return
-// anything it keeps and modifies later. ctx bounds the call.
+// Snapshot is called from the Board's publishing goroutine, at most once
+// per Config.Interval and only while a client watches; from its sampler,
+// about once per Config.HistoryInterval; and for GET /board/snapshot: calls
+// may run at once. It must not return anything it keeps and modifies later.
+// ctx bounds the call.
 type Source interface {
 	Snapshot(ctx context.Context) (Snapshot, error)
 }

@@ -61,13 +61,18 @@ type Board struct {
 	clients map[*client]struct{}
 	closed  bool
 
+	// The history the sampler keeps; nil when Config.HistoryLen is 0.
+	histMu sync.Mutex
+	hist   *historyRing
+
 	cancel    context.CancelFunc
-	done      chan struct{} // closed when the publisher has returned
-	stopping  chan struct{} // closed by Close: streams end
+	wg        sync.WaitGroup // the publisher and the sampler
+	stopping  chan struct{}  // closed by Close: streams end
 	closeOnce sync.Once
 }
 
-// New checks cfg and starts the board's publishing goroutine.
+// New checks cfg and starts the board's publishing goroutine and, unless
+// cfg.HistoryLen is 0, its sampler.
 func New(cfg Config) (*Board, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -85,22 +90,23 @@ func New(cfg Config) (*Board, error) {
 		errLog:   retry.NewErrLog(log, slog.LevelWarn, "board: read the source"),
 		wake:     make(chan struct{}, 1),
 		clients:  map[*client]struct{}{},
-		done:     make(chan struct{}),
 		stopping: make(chan struct{}),
 	}
 	b.routes()
 	ctx, cancel := context.WithCancel(context.Background())
 	b.cancel = cancel
-	go func() {
-		defer close(b.done)
-		b.publish(ctx)
-	}()
+	b.wg.Go(func() { b.publish(ctx) })
+	if cfg.HistoryLen > 0 {
+		b.hist = newHistoryRing(cfg.HistoryLen)
+		b.wg.Go(func() { b.sample(ctx) })
+	}
 	return b, nil
 }
 
-// Close ends every open stream, stops the publishing goroutine and waits
-// for it (at most one source read, bounded by Config.ReadTimeout). Streams
-// asked for later get 503. Close is idempotent and returns nil.
+// Close ends every open stream, stops the publishing goroutine and the
+// sampler and waits for them (at most one source read each, bounded by
+// Config.ReadTimeout). Streams asked for later get 503. Close is idempotent
+// and returns nil.
 func (b *Board) Close() error {
 	b.closeOnce.Do(func() {
 		b.mu.Lock()
@@ -109,7 +115,7 @@ func (b *Board) Close() error {
 		close(b.stopping)
 		b.cancel()
 	})
-	<-b.done
+	b.wg.Wait()
 	return nil
 }
 

@@ -179,6 +179,9 @@ func testBoard(t *testing.T, src Source, mutate func(*Config)) (*Board, *prometh
 	cfg.Interval = 100 * time.Millisecond
 	cfg.Heartbeat = time.Hour
 	cfg.WriteTimeout = time.Hour
+	// No sampler: these tests count the publisher's reads of the source;
+	// history_test.go turns it on.
+	cfg.HistoryLen = 0
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -474,6 +477,11 @@ func TestConfigValidate(t *testing.T) {
 		{"no source", func(c *Config) { c.Source = nil }, []string{"source is nil"}},
 		{"zeroes", func(c *Config) { c.Interval, c.Heartbeat, c.WriteTimeout, c.ReadTimeout, c.MaxClients = 0, 0, -1, 0, 0 },
 			[]string{"interval 0s", "heartbeat 0s", "write timeout -1ns", "read timeout 0s", "max clients 0"}},
+		{"no history", func(c *Config) { c.HistoryLen, c.HistoryInterval, c.HistoryModels = 0, 0, 0 }, nil},
+		{"history zeroes", func(c *Config) { c.HistoryInterval, c.HistoryModels = 0, 0 },
+			[]string{"history interval 0s", "history models 0"}},
+		{"history too long", func(c *Config) { c.HistoryLen = 86_401 }, []string{"history len 86401"}},
+		{"history negative", func(c *Config) { c.HistoryLen = -1 }, []string{"history len -1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -520,6 +528,7 @@ func TestSnapshotEndpointReadsOncePerInterval(t *testing.T) {
 	newBoard := func(src *fakeSource, interval time.Duration) *Board {
 		cfg := DefaultConfig()
 		cfg.Source, cfg.Interval = src, interval
+		cfg.HistoryLen = 0 // no sampler: it would read the source too
 		b, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)

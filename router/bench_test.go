@@ -79,7 +79,8 @@ func hotPathFixture(tb testing.TB) (hot, decide func() bool, _ *modelQueue) {
 		tb.Fatal(err)
 	}
 	f := newFakeFleet(1, 2)
-	q := newQueues(time.Second, DefaultQueueMaxRequests, DefaultQueuePace, f.deps(), m)
+	q := newQueues(queueLimits{maxWait: time.Second, maxRequests: DefaultQueueMaxRequests, maxBytes: DefaultQueueMaxBytes,
+		pace: DefaultQueuePace}, f.deps(), m)
 	mq := q.forModel("m")
 	q.forModel("other")
 	rec := events.BusySet{Model: "m", Free: []uint64{1, 3}, Busy: []uint64{2}, Amber: []uint64{3}}

@@ -127,7 +127,7 @@ func (ex *exchange) serve() {
 	ex.decision, ex.registered = d, registered
 	if rt.queue.waits(model, d, qh) {
 		var ok bool
-		if cands, ok = ex.queued(d, cands, qh); !ok {
+		if cands, ok = ex.queued(d, cands, qh, int64(len(body))); !ok {
 			return
 		}
 		ex.forward(body, cands)

@@ -1,13 +1,11 @@
 package router
 
 import (
-	"container/list"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strconv"
@@ -20,13 +18,16 @@ import (
 
 	"github.com/workermon/workermon/admission"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/flow"
 	"github.com/workermon/workermon/internal/promreg"
 )
 
 // This file holds flow control (contract §17): a request whose class has no
 // candidate waits in its model's queue instead of being rejected at once,
 // and is sent when a worker frees, each router handing a freed worker at
-// most one queued request per pace × the number of routers.
+// most one queued request per pace × the number of routers. The queue's
+// order, tenants, limits and pacing are package flow's; this file wires
+// them to the requests, the record and the clock.
 //
 // A model's queue is guarded by its mutex and served by one goroutine that
 // runs while the queue holds requests; close stops these goroutines and
@@ -54,6 +55,9 @@ const (
 	DefaultQueueMaxWait = 0
 	// DefaultQueueMaxRequests is how many requests a model's queue holds.
 	DefaultQueueMaxRequests = 1024
+	// DefaultQueueMaxBytes is how many bytes of request bodies the queues
+	// of all models hold together: 64 bodies of DefaultMaxBodyBytes.
+	DefaultQueueMaxBytes = 256 << 20
 	// DefaultQueuePace is the pace of dispatch: one queued request per free
 	// worker per pace × max(1, routers).
 	DefaultQueuePace = 20 * time.Millisecond
@@ -65,7 +69,7 @@ const (
 const (
 	queueDispatched = "dispatched" // sent to a worker (or released: the record turned stale or went away)
 	queueExpired    = "expired"    // the wait ran out
-	queueEvicted    = "evicted"    // pushed out of a full queue, or turned away by one
+	queueEvicted    = "evicted"    // pushed out of a full queue, or turned away by one (requests or bytes)
 	queueGone       = "gone"       // the client went away
 )
 
@@ -138,7 +142,7 @@ const (
 	// lost its workers: decide again, without queuing (fail open).
 	verdictRelease
 	// verdictEvicted: pushed out of a full queue by a request of higher
-	// priority.
+	// priority, or of a tenant that holds fewer (flow.Queue.Join).
 	verdictEvicted
 )
 
@@ -150,38 +154,19 @@ type verdict struct {
 	cands  []events.WorkerEntry // the dispatch's candidates, for retries
 }
 
-// waiter is one queued request.
-type waiter struct {
-	priority int64
-	class    admission.Class
-	tenant   string
-	seq      uint64 // arrival order in the model's queue
-	since    time.Time
-	done     chan verdict // buffered: the sender never blocks
-	// Under the queue's mutex:
-	tq   *tenantQueue
-	elem *list.Element
+// ticket is what the router keeps of a queued request.
+type ticket struct {
+	class admission.Class
+	done  chan verdict // buffered: the sender never blocks
 }
 
-// tenantQueue is one tenant's requests of one priority, first come first
-// served.
-type tenantQueue struct {
-	name  string
-	level *priorityLevel
-	l     list.List
-}
-
-// priorityLevel holds the requests of one priority; its tenants take turns.
-type priorityLevel struct {
-	priority int64
-	tenants  []*tenantQueue // in turn order; none is empty
-	next     int            // the tenant whose turn it is
-	byName   map[string]*tenantQueue
-}
+// waiter is one queued request, in its model's flow.Queue.
+type waiter = flow.Item[ticket]
 
 // queueMetrics are the metrics of flow control.
 type queueMetrics struct {
 	depth     *prometheus.GaugeVec
+	bytes     prometheus.Gauge
 	wait      [admission.NumClasses]map[string]prometheus.Observer
 	maxModels int
 
@@ -199,10 +184,14 @@ func newQueueMetrics(reg prometheus.Registerer, maxModels int) (*queueMetrics, e
 		Help:    "Time requests waited in the router's queue, by priority class and outcome: dispatched, expired, evicted, gone.",
 		Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
 	}, []string{"class", "outcome"})
-	if err := errors.Join(promreg.Shared(reg, &depth), promreg.Shared(reg, &wait)); err != nil {
+	bytes := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "workermon_router_queue_bytes",
+		Help: "Bytes of request bodies waiting in the router's queues, all models together (bounded by --queue-max-bytes).",
+	})
+	if err := errors.Join(promreg.Shared(reg, &depth), promreg.Shared(reg, &wait), promreg.Shared(reg, &bytes)); err != nil {
 		return nil, err
 	}
-	m := &queueMetrics{depth: depth, maxModels: maxModels, models: make(map[string]bool)}
+	m := &queueMetrics{depth: depth, bytes: bytes, maxModels: maxModels, models: make(map[string]bool)}
 	for _, c := range admission.Classes() {
 		m.wait[c] = make(map[string]prometheus.Observer)
 		for _, o := range []string{queueDispatched, queueExpired, queueEvicted, queueGone} {
@@ -240,13 +229,20 @@ type queueDeps struct {
 	pick       func(cands []events.WorkerEntry) (events.WorkerEntry, bool)
 }
 
+// queueLimits are the settings of flow control (Config's Queue* fields).
+type queueLimits struct {
+	maxWait     time.Duration
+	maxRequests int   // per model
+	maxBytes    int64 // all models together
+	pace        time.Duration
+}
+
 // queues are the Router's queues, one per model.
 type queues struct {
-	maxWait     time.Duration
-	maxRequests int
-	pace        time.Duration
-	deps        queueDeps
-	metrics     *queueMetrics
+	queueLimits
+	deps    queueDeps
+	metrics *queueMetrics
+	budget  *flow.Budget // the bytes of every model's queue
 
 	byModel atomic.Pointer[map[string]*modelQueue] // copied on write under mu
 	mu      sync.Mutex
@@ -256,8 +252,8 @@ type queues struct {
 	dispatchers sync.WaitGroup
 }
 
-func newQueues(maxWait time.Duration, maxRequests int, pace time.Duration, deps queueDeps, m *queueMetrics) *queues {
-	q := &queues{maxWait: maxWait, maxRequests: maxRequests, pace: pace, deps: deps, metrics: m, stop: make(chan struct{})}
+func newQueues(l queueLimits, deps queueDeps, m *queueMetrics) *queues {
+	q := &queues{queueLimits: l, deps: deps, metrics: m, budget: flow.NewBudget(l.maxBytes), stop: make(chan struct{})}
 	q.byModel.Store(&map[string]*modelQueue{})
 	return q
 }
@@ -303,7 +299,8 @@ func (q *queues) forModel(model string) *modelQueue {
 	if mq := cur[model]; mq != nil {
 		return mq
 	}
-	mq := &modelQueue{q: q, model: model, handed: make(map[uint64]time.Time), gauges: q.metrics.depthGauges(model)}
+	mq := &modelQueue{q: q, model: model, gauges: q.metrics.depthGauges(model),
+		fq: flow.NewQueue[ticket](q.maxRequests, q.budget), pacer: flow.NewPacer(q.pace, nil)}
 	next := make(map[string]*modelQueue, len(cur)+1)
 	maps.Copy(next, cur)
 	next[model] = mq
@@ -320,59 +317,38 @@ type modelQueue struct {
 	depth atomic.Int64
 
 	mu      sync.Mutex
-	levels  []*priorityLevel // by priority, highest first; none is empty
-	byClass [admission.NumClasses]int
-	seq     uint64
+	fq      *flow.Queue[ticket]
+	pacer   *flow.Pacer
 	running bool // the dispatcher goroutine runs
-	// handed is, per worker, the earliest time this router may hand it a
-	// queued request: a hand-off puts it one pacing interval ahead, and a
-	// worker first seen free gets a random phase within the interval (see
-	// firstTurn). Entries are dropped one interval after they come due.
-	handed map[uint64]time.Time
 }
 
 // Errors of join.
 var (
-	errQueueFull = errors.New("router: queue full")
-	errOvertake  = errors.New("router: the request goes ahead of the queue")
-	errNoWait    = errors.New("router: the request may not wait")
-	errClosed    = errors.New("router: the queues are closed")
+	errClosed = errors.New("router: the queues are closed")
 )
 
-// join queues a request of priority p, class c and tenant t. admitted says
-// whether it would be admitted without queuing: it then goes ahead
-// (errOvertake) unless the queue holds a request of equal or higher
-// priority. A request that would have to join but may not wait (mayWait
-// false: X-Workermon-Max-Wait 0) is refused (errNoWait). A full queue
-// evicts its newest request of the lowest priority for a newcomer of higher
-// priority, or refuses the newcomer (errQueueFull). Once the queues are
-// closed, nothing joins (errClosed).
-func (mq *modelQueue) join(p int64, c admission.Class, t string, admitted, mayWait bool, now time.Time) (*waiter, error) {
+// join queues a request of class c that arrives at now, as flow.Queue.Join
+// says: it may go ahead of the queue (flow.ErrAhead), be refused
+// (flow.ErrNoWait, flow.ErrFull), or join, pushing out others, who are
+// told. Once the queues are closed, nothing joins (errClosed).
+func (mq *modelQueue) join(a flow.Arrival, c admission.Class, now time.Time) (*waiter, error) {
 	mq.mu.Lock()
 	defer mq.mu.Unlock()
 	if mq.q.closed.Load() {
 		return nil, errClosed
 	}
-	n := int(mq.depth.Load())
-	if admitted && (n == 0 || p > mq.levels[0].priority) {
-		return nil, errOvertake
+	w, victims, err := mq.fq.Join(a, ticket{class: c, done: make(chan verdict, 1)}, now)
+	if err != nil {
+		return nil, err
 	}
-	if !mayWait {
-		return nil, errNoWait
+	for _, v := range victims {
+		mq.leftLocked(v)
+		mq.q.metrics.wait[v.Value.class][queueEvicted].Observe(now.Sub(v.Since()).Seconds())
+		v.Value.done <- verdict{kind: verdictEvicted}
 	}
-	if n >= mq.q.maxRequests {
-		low := mq.levels[len(mq.levels)-1]
-		if p <= low.priority {
-			return nil, errQueueFull
-		}
-		victim := low.newest()
-		mq.removeLocked(victim)
-		mq.q.metrics.wait[victim.class][queueEvicted].Observe(now.Sub(victim.since).Seconds())
-		victim.done <- verdict{kind: verdictEvicted}
-	}
-	mq.seq++
-	w := &waiter{priority: p, class: c, tenant: t, seq: mq.seq, since: now, done: make(chan verdict, 1)}
-	mq.pushLocked(w)
+	mq.gauges[c].Inc()
+	mq.q.metrics.bytes.Add(float64(w.Bytes()))
+	mq.depth.Store(int64(mq.fq.Len()))
 	if !mq.running {
 		mq.running = true
 		mq.q.dispatchers.Add(1)
@@ -381,99 +357,30 @@ func (mq *modelQueue) join(p int64, c admission.Class, t string, admitted, mayWa
 	return w, nil
 }
 
-// newest returns the request of l that arrived last.
-func (l *priorityLevel) newest() *waiter {
-	var w *waiter
-	for _, tq := range l.tenants {
-		if b := tq.l.Back().Value.(*waiter); w == nil || b.seq > w.seq {
-			w = b
-		}
-	}
-	return w
-}
-
-// pushLocked appends w to its priority and tenant.
-func (mq *modelQueue) pushLocked(w *waiter) {
-	i, found := slices.BinarySearchFunc(mq.levels, w.priority, func(l *priorityLevel, p int64) int {
-		switch {
-		case l.priority > p:
-			return -1
-		case l.priority < p:
-			return 1
-		}
-		return 0
-	})
-	if !found {
-		mq.levels = slices.Insert(mq.levels, i, &priorityLevel{priority: w.priority, byName: make(map[string]*tenantQueue)})
-	}
-	lvl := mq.levels[i]
-	tq := lvl.byName[w.tenant]
-	if tq == nil {
-		tq = &tenantQueue{name: w.tenant, level: lvl}
-		lvl.byName[w.tenant] = tq
-		lvl.tenants = append(lvl.tenants, tq)
-	}
-	w.tq, w.elem = tq, tq.l.PushBack(w)
-	mq.byClass[w.class]++
-	mq.gauges[w.class].Inc()
-	mq.depth.Add(1)
-}
-
-// removeLocked takes w out of the queue; false when it is not in it any
-// more (dispatched, evicted or released).
-func (mq *modelQueue) removeLocked(w *waiter) bool {
-	tq := w.tq
-	if tq == nil {
-		return false
-	}
-	tq.l.Remove(w.elem)
-	w.tq, w.elem = nil, nil
-	mq.byClass[w.class]--
-	mq.gauges[w.class].Dec()
-	mq.depth.Add(-1)
-	if tq.l.Len() > 0 {
-		return true
-	}
-	lvl := tq.level
-	delete(lvl.byName, tq.name)
-	i := slices.Index(lvl.tenants, tq)
-	lvl.tenants = slices.Delete(lvl.tenants, i, i+1)
-	if i < lvl.next {
-		lvl.next--
-	}
-	if lvl.next >= len(lvl.tenants) {
-		lvl.next = 0
-	}
-	if len(lvl.tenants) == 0 {
-		mq.levels = slices.DeleteFunc(mq.levels, func(l *priorityLevel) bool { return l == lvl })
-	}
-	return true
+// leftLocked counts w out of the queue's gauges, once flow has taken it
+// out.
+func (mq *modelQueue) leftLocked(w *waiter) {
+	mq.gauges[w.Value.class].Dec()
+	mq.q.metrics.bytes.Sub(float64(w.Bytes()))
+	mq.depth.Store(int64(mq.fq.Len()))
 }
 
 // remove takes w out of the queue, when it is still in it.
 func (mq *modelQueue) remove(w *waiter) bool {
 	mq.mu.Lock()
 	defer mq.mu.Unlock()
-	return mq.removeLocked(w)
-}
-
-// headLocked returns the request to send next: highest priority, the
-// tenant whose turn it is, first come.
-func (mq *modelQueue) headLocked() *waiter {
-	lvl := mq.levels[0]
-	return lvl.tenants[lvl.next].l.Front().Value.(*waiter)
+	if !mq.fq.Remove(w) {
+		return false
+	}
+	mq.leftLocked(w)
+	return true
 }
 
 // popLocked takes the head out and passes the turn to the next tenant.
-func (mq *modelQueue) popLocked(w *waiter) {
-	lvl := mq.levels[0]
-	turn := lvl.next
-	emptied := w.tq.l.Len() == 1
-	mq.removeLocked(w)
-	if !emptied && len(lvl.tenants) > 0 {
-		lvl.next = (turn + 1) % len(lvl.tenants)
-	}
-	// An emptied tenant's removal already moved the turn to the next.
+func (mq *modelQueue) popLocked() *waiter {
+	w := mq.fq.Pop()
+	mq.leftLocked(w)
+	return w
 }
 
 // run is the model's dispatcher: every pace, while the queue holds
@@ -492,10 +399,10 @@ func (mq *modelQueue) run() {
 			return
 		}
 		mq.mu.Lock()
-		if mq.depth.Load() > 0 {
+		if mq.fq.Len() > 0 {
 			mq.dispatchLocked(time.Now())
 		}
-		if mq.depth.Load() == 0 {
+		if mq.fq.Len() == 0 {
 			mq.running = false
 			mq.mu.Unlock()
 			return
@@ -510,15 +417,13 @@ func (mq *modelQueue) run() {
 // every request when the record cannot be trusted or is gone.
 func (mq *modelQueue) dispatchLocked(now time.Time) {
 	deps := &mq.q.deps
-	interval := mq.q.pace * time.Duration(max(1, min(deps.routers(mq.model), 1<<16)))
-	for id, next := range mq.handed {
-		if now.Sub(next) >= interval {
-			delete(mq.handed, id)
-		}
-	}
-	for mq.depth.Load() > 0 {
-		w := mq.headLocked()
-		d := deps.decide(mq.model, w.class)
+	// Routers that queue as one (contract §22) will give the share of the
+	// head's priority that each router holds.
+	interval := mq.pacer.Interval(flow.Share{Routers: deps.routers(mq.model)})
+	mq.pacer.Expire(now, interval)
+	for mq.fq.Len() > 0 {
+		w := mq.fq.Head()
+		d := deps.decide(mq.model, w.Value.class)
 		registered := deps.registered(mq.model)
 		switch {
 		case len(registered) == 0, d.Reason != admission.ReasonFree && d.Reason != admission.ReasonAllBusy && d.Reason != admission.ReasonShed:
@@ -532,46 +437,25 @@ func (mq *modelQueue) dispatchLocked(now time.Time) {
 		}
 		cands := d.Candidates(nil, registered)
 		free := slices.DeleteFunc(slices.Clone(cands), func(e events.WorkerEntry) bool {
-			next, seen := mq.handed[e.WorkerID]
-			if !seen {
-				next = now.Add(firstTurn(mq.q.pace, interval))
-				mq.handed[e.WorkerID] = next
-			}
-			return now.Before(next)
+			return !mq.pacer.Ready(e.WorkerID, now, interval)
 		})
 		worker, ok := deps.pick(free)
 		if !ok {
 			return
 		}
-		mq.handed[worker.WorkerID] = now.Add(interval)
-		mq.popLocked(w)
-		mq.q.metrics.wait[w.class][queueDispatched].Observe(now.Sub(w.since).Seconds())
-		w.done <- verdict{kind: verdictDispatch, worker: worker, d: d, cands: cands}
+		mq.pacer.Handed(worker.WorkerID, now, interval)
+		mq.popLocked()
+		mq.q.metrics.wait[w.Value.class][queueDispatched].Observe(now.Sub(w.Since()).Seconds())
+		w.Value.done <- verdict{kind: verdictDispatch, worker: worker, d: d, cands: cands}
 	}
-}
-
-// firstTurn returns when, from now, a router may hand a worker it sees
-// free for the first time its first queued request: at a uniformly random
-// phase of the pacing interval, less one pace (at once when that is not
-// positive). Each of N routers then takes its first turn within the first
-// pace with a probability of 1/N, so that together they hand a freed worker
-// about one queued request in its first pace, as in every later one, rather
-// than N on their next ticks before the record can show the first (contract
-// §17). A single router (interval = pace) always hands at once.
-func firstTurn(pace, interval time.Duration) time.Duration {
-	if interval <= pace {
-		return 0
-	}
-	return time.Duration(rand.Int64N(int64(interval))) - pace
 }
 
 // releaseAllLocked lets every queued request go, in queue order.
 func (mq *modelQueue) releaseAllLocked(now time.Time) {
-	for mq.depth.Load() > 0 {
-		w := mq.headLocked()
-		mq.popLocked(w)
-		mq.q.metrics.wait[w.class][queueDispatched].Observe(now.Sub(w.since).Seconds())
-		w.done <- verdict{kind: verdictRelease}
+	for mq.fq.Len() > 0 {
+		w := mq.popLocked()
+		mq.q.metrics.wait[w.Value.class][queueDispatched].Observe(now.Sub(w.Since()).Seconds())
+		w.Value.done <- verdict{kind: verdictRelease}
 	}
 }
 
@@ -579,6 +463,8 @@ func (mq *modelQueue) releaseAllLocked(now time.Time) {
 type QueueSnapshot struct {
 	Model string `json:"model"`
 	Depth int    `json:"depth"`
+	// Bytes is what the queued requests' bodies hold.
+	Bytes int64 `json:"bytes"`
 	// Classes are the queued requests by class, then by tenant ("" is the
 	// default tenant).
 	Classes map[string]ClassQueue `json:"classes"`
@@ -603,23 +489,19 @@ func (q *queues) snapshot(now time.Time) []QueueSnapshot {
 			mq.mu.Unlock()
 			continue
 		}
-		s := QueueSnapshot{Model: model, Depth: int(mq.depth.Load()), Classes: map[string]ClassQueue{}}
+		s := QueueSnapshot{Model: model, Depth: mq.fq.Len(), Bytes: mq.fq.Bytes(), Classes: map[string]ClassQueue{}}
 		var oldest time.Time
-		for _, lvl := range mq.levels {
-			for _, tq := range lvl.tenants {
-				for e := tq.l.Front(); e != nil; e = e.Next() {
-					w := e.Value.(*waiter)
-					cq := s.Classes[w.class.String()]
-					if cq.Tenants == nil {
-						cq.Tenants = map[string]int{}
-					}
-					cq.Depth++
-					cq.Tenants[w.tenant]++
-					s.Classes[w.class.String()] = cq
-					if oldest.IsZero() || w.since.Before(oldest) {
-						oldest = w.since
-					}
-				}
+		for w := range mq.fq.All() {
+			class := w.Value.class.String()
+			cq := s.Classes[class]
+			if cq.Tenants == nil {
+				cq.Tenants = map[string]int{}
+			}
+			cq.Depth++
+			cq.Tenants[w.Tenant()]++
+			s.Classes[class] = cq
+			if oldest.IsZero() || w.Since().Before(oldest) {
+				oldest = w.Since()
 			}
 		}
 		mq.mu.Unlock()
@@ -630,17 +512,22 @@ func (q *queues) snapshot(now time.Time) []QueueSnapshot {
 }
 
 // waits reports whether a request for model with decision d and headers qh
-// goes through the queue (contract §17): flow control is on, and the
-// request may wait and its class has no candidate, or its model's queue
-// holds requests (which an admitted request that may not wait must not
-// overtake either: the queue answers it). nil-safe. With the queue empty it
-// takes no lock and allocates nothing.
+// goes through the queue (contract §17): flow control is on, and either the
+// request may wait and its class has no candidate on a fresh record, or it
+// is admitted and its model's queue holds requests (which an admitted
+// request that may not wait must not overtake either: the queue answers
+// it). Any other rejection (a stale record's, with fail-open off) is
+// answered at once. nil-safe. With the queue empty it takes no lock and
+// allocates nothing.
+//
+// Routers that queue as one (contract §22) will also send an admitted
+// request to the queue when another router holds one (flow.Direct).
 func (q *queues) waits(model string, d admission.Decision, qh queueHeaders) bool {
-	if q == nil || (qh.maxWait == 0 && !d.Admit) {
+	if q == nil {
 		return false
 	}
-	if !d.Admit && queueable(d) {
-		return true
+	if !d.Admit {
+		return qh.maxWait != 0 && queueable(d)
 	}
 	mq := q.lookup(model)
 	return mq != nil && mq.depth.Load() > 0
@@ -662,10 +549,11 @@ func rejected(d admission.Decision) admission.Decision {
 	return d
 }
 
-// queued puts the request in its model's queue and waits for its turn.
-// It returns the candidates to send it to, or false when the request is
-// answered (expired, evicted, refused by a full queue, rejected or gone).
-func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh queueHeaders) ([]events.WorkerEntry, bool) {
+// queued puts the request, whose body holds size bytes, in its model's
+// queue and waits for its turn. It returns the candidates to send it to, or
+// false when the request is answered (expired, evicted, refused by a full
+// queue, rejected or gone).
+func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh queueHeaders, size int64) ([]events.WorkerEntry, bool) {
 	rt := ex.rt
 	q := rt.queue
 	wait := q.maxWait
@@ -674,21 +562,22 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 	}
 	mq := q.forModel(ex.model)
 	start := time.Now()
-	w, err := mq.join(priorityOf(ex.r), ex.class, qh.tenant, d.Admit, qh.maxWait != 0, start)
+	w, err := mq.join(flow.Arrival{Priority: priorityOf(ex.r), Tenant: qh.tenant, Bytes: size,
+		Admitted: d.Admit, MayWait: qh.maxWait != 0}, ex.class, start)
 	switch {
-	case errors.Is(err, errOvertake):
+	case errors.Is(err, flow.ErrAhead):
 		rt.admission.Observe(ex.model, d)
 		return cands, true
 	case errors.Is(err, errClosed):
 		// The router is closing: decided as without flow control.
 		return ex.decideAgain()
-	case errors.Is(err, errNoWait):
+	case errors.Is(err, flow.ErrNoWait):
 		// Its wait of 0 ran out at once, behind the queue it may not
 		// overtake.
 		q.metrics.wait[ex.class][queueExpired].Observe(0)
 		ex.queueReject(d, 0, expiredMessage(0, ex.model))
 		return nil, false
-	case errors.Is(err, errQueueFull):
+	case errors.Is(err, flow.ErrFull):
 		q.metrics.wait[ex.class][queueEvicted].Observe(0)
 		ex.queueReject(d, time.Since(start), fullMessage(ex.model))
 		return nil, false
@@ -699,14 +588,14 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 	defer timer.Stop()
 	var v verdict
 	select {
-	case v = <-w.done:
+	case v = <-w.Value.done:
 	case <-ex.r.Context().Done():
 		if mq.remove(w) {
 			q.metrics.wait[ex.class][queueGone].Observe(time.Since(start).Seconds())
 			ex.clientGone()
 			return nil, false
 		}
-		v = <-w.done
+		v = <-w.Value.done
 	case <-timer.C:
 		if mq.remove(w) {
 			waited := time.Since(start)
@@ -714,7 +603,7 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 			ex.queueReject(d, waited, expiredMessage(waited, ex.model))
 			return nil, false
 		}
-		v = <-w.done
+		v = <-w.Value.done
 	}
 	waited := time.Since(start)
 	ex.w.Header().Set(QueuedHeader, strconv.FormatInt(waited.Milliseconds(), 10))
@@ -788,6 +677,8 @@ type queuesAnswer struct {
 	Enabled     bool            `json:"enabled"`
 	MaxWaitMs   int64           `json:"max_wait_ms"`
 	MaxRequests int             `json:"max_requests"`
+	MaxBytes    int64           `json:"max_bytes"`
+	Bytes       int64           `json:"bytes"` // queued now, all models
 	PaceMs      float64         `json:"pace_ms"`
 	Models      []QueueSnapshot `json:"models"`
 }
@@ -797,6 +688,7 @@ func (rt *Router) serveQueues(w http.ResponseWriter, _ *http.Request) {
 	a := queuesAnswer{Models: []QueueSnapshot{}}
 	if q := rt.queue; q != nil {
 		a.Enabled, a.MaxWaitMs, a.MaxRequests = true, q.maxWait.Milliseconds(), q.maxRequests
+		a.MaxBytes, a.Bytes = q.maxBytes, q.budget.Used()
 		a.PaceMs = float64(q.pace) / float64(time.Millisecond)
 		a.Models = q.snapshot(time.Now())
 	}

@@ -398,6 +398,140 @@ func TestQueueFullHTTP(t *testing.T) {
 	}
 }
 
+// TestQueueFullTenants: a full queue does not let one tenant keep the
+// others out (issue 35 item 7): a newcomer of equal priority from a tenant
+// that holds fewer queued requests than the largest tenant pushes out that
+// tenant's newest, which gets the queue-full 429; a newcomer of the
+// largest tenant is turned away.
+func TestQueueFullTenants(t *testing.T) {
+	t.Parallel()
+	env, e := queueEnv(t, 30*time.Second, 2)
+	const fullMsg = `The queue for model "` + model + `" is full, please retry later`
+	a1 := env.send(t, t.Context(), queueBody, map[string]string{TenantHeader: "a"})
+	env.waitQueued(t, 1)
+	a2 := env.send(t, t.Context(), queueBody, map[string]string{TenantHeader: "a"})
+	env.waitQueued(t, 2)
+	resp, err := env.postWith(t.Context(), t, queueBody, map[string]string{TenantHeader: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := readAll(t, resp); resp.StatusCode != 429 || errorBodyOf(t, b).Message != fullMsg {
+		t.Fatalf("a third request of the tenant that fills the queue: %d %s, want 429 %q", resp.StatusCode, b, fullMsg)
+	}
+	b1 := env.send(t, t.Context(), queueBody, map[string]string{TenantHeader: "b"})
+	a := <-a2
+	if a.err != nil || a.resp.StatusCode != 429 || errorBodyOf(t, a.body).Message != fullMsg || a.resp.Header.Get(QueuedHeader) == "" {
+		t.Fatalf("tenant a's newest, once b arrives: %v %d %s, want 429 %q with %s", a.err, a.resp.StatusCode, a.body, fullMsg, QueuedHeader)
+	}
+	env.waitQueued(t, 2)
+	env.putRecord(t, model, []uint64{1}, nil, time.Now())
+	for name, ch := range map[string]<-chan answer{"a1": a1, "b1": b1} {
+		if a := <-ch; a.err != nil || a.resp.StatusCode != http.StatusOK {
+			t.Errorf("%s: %v %s, want 200", name, a.err, a.body)
+		}
+	}
+	if n := e.hits.Load(); n != 2 {
+		t.Errorf("engine hits %d, want 2", n)
+	}
+	if got := env.metric(t, "workermon_router_queue_wait_seconds", map[string]string{"class": "standard", "outcome": "evicted"}); got != 2 {
+		t.Errorf("wait{standard,evicted} count %v, want 2 (the refused and the pushed out)", got)
+	}
+}
+
+// TestQueueMaxBytes: the requests queued for every model together hold at
+// most QueueMaxBytes of bodies (issue 35 item 6): past it a newcomer gets
+// the queue-full 429, or pushes out the newest request of a lower
+// priority; workermon_router_queue_bytes and GET /queues show the bytes
+// held.
+func TestQueueMaxBytes(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, envOptions{config: func(c *Config) {
+		c.QueueMaxWait = 30 * time.Second
+		c.MaxBodyBytes, c.QueueMaxBytes = 1000, 2000
+	}})
+	e := jsonEngine(t, "1")
+	const other = "other/model"
+	for _, m := range []string{model, other} {
+		env.putWorker(t, m, 1, e.srv.URL)
+		env.putSet(t, events.BusySet{Model: m, Busy: []uint64{1}, Hard: []uint64{1}, AllBusy: true, UpdatedAt: time.Now().UnixNano()})
+	}
+	body := func(m string) string { // 700 bytes
+		b := `{"model":"` + m + `","prompt":"`
+		return b + strings.Repeat("x", 700-len(b)-2) + `"}`
+	}
+	bytesQueued := func() float64 { return env.metric(t, "workermon_router_queue_bytes", nil) }
+	const fullMsg = `The queue for model "` + model + `" is full, please retry later`
+
+	first := env.send(t, t.Context(), body(model), nil)
+	env.waitQueued(t, 1)
+	second := env.send(t, t.Context(), body(other), nil) // another model's, the same budget
+	natstest.WaitFor(t, 10*time.Second, "1400 bytes queued", func() bool { return bytesQueued() == 1400 })
+	resp, err := env.postWith(t.Context(), t, body(model), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := readAll(t, resp); resp.StatusCode != 429 || errorBodyOf(t, b).Message != fullMsg {
+		t.Fatalf("a request past the bytes of the queues: %d %s, want 429 %q", resp.StatusCode, b, fullMsg)
+	}
+	var qa queuesAnswer
+	if err := json.Unmarshal(readAll(t, env.get(t, PathQueues)), &qa); err != nil {
+		t.Fatal(err)
+	}
+	if qa.MaxBytes != 2000 || qa.Bytes != 1400 || len(qa.Models) != 2 || qa.Models[0].Bytes != 700 {
+		t.Errorf("GET /queues = %+v, want 1400 of 2000 bytes, 700 a model", qa)
+	}
+	// Of higher priority: pushes out the model's own request of priority 0.
+	high := env.send(t, t.Context(), body(model), map[string]string{admission.PriorityHeader: "1"})
+	if a := <-first; a.err != nil || a.resp.StatusCode != 429 || errorBodyOf(t, a.body).Message != fullMsg {
+		t.Fatalf("pushed out: %v %s, want 429 %q", a.err, a.body, fullMsg)
+	}
+	for _, m := range []string{model, other} {
+		env.putRecord(t, m, []uint64{1}, nil, time.Now())
+	}
+	for _, ch := range []<-chan answer{high, second} {
+		if a := <-ch; a.err != nil || a.resp.StatusCode != http.StatusOK {
+			t.Fatalf("queued request: %v %s, want 200", a.err, a.body)
+		}
+	}
+	if got := bytesQueued(); got != 0 {
+		t.Errorf("workermon_router_queue_bytes %v once the queues are empty, want 0", got)
+	}
+}
+
+// TestQueueStaleRejectionAnsweredAtOnce: with fail-open off, a request
+// rejected because the record is stale never joins the queue (issue 35 item
+// 8), even while the queue holds requests the dispatcher has not released
+// yet: it gets the all-busy 503 at once, without X-Workermon-Queued.
+func TestQueueStaleRejectionAnsweredAtOnce(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, envOptions{config: func(c *Config) {
+		c.QueueMaxWait = 30 * time.Second
+		c.QueuePace = time.Hour // the dispatcher does not release the queue during the test
+	}, watch: []busylist.WatchOption{busylist.WithFailOpen(false)}})
+	e := jsonEngine(t, "1")
+	env.putWorker(t, model, 1, e.srv.URL)
+	env.putRecord(t, model, nil, []uint64{1}, time.Now())
+	_ = env.send(t, t.Context(), queueBody, nil)
+	env.waitQueued(t, 1)
+	env.putRecord(t, model, nil, []uint64{1}, time.Now().Add(-time.Hour)) // stale on arrival
+	natstest.WaitFor(t, 10*time.Second, "a stale record", func() bool {
+		return env.watcher.DecideClass(model, admission.ClassStandard).Reason == admission.ReasonStale
+	})
+	start := time.Now()
+	resp, err := env.postWith(t.Context(), t, queueBody, map[string]string{MaxWaitHeader: "3000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := readAll(t, resp)
+	if resp.StatusCode != http.StatusServiceUnavailable || string(b) != string(admission.RejectBody(503)) || resp.Header.Get(QueuedHeader) != "" {
+		t.Errorf("a stale record's rejection behind a queue: %d %s, %s %q after %v; want the all-busy 503 at once, without %s",
+			resp.StatusCode, b, QueuedHeader, resp.Header.Get(QueuedHeader), time.Since(start), QueuedHeader)
+	}
+	if n := env.queued(); n != 1 {
+		t.Errorf("%d queued, want 1 (the request queued before)", n)
+	}
+}
+
 // TestQueueFailOpen: a record that turns stale releases every queued
 // request at once: admitted when failing open, the all-busy 503 when not.
 func TestQueueFailOpen(t *testing.T) {
@@ -567,8 +701,8 @@ func TestQueueDisconnects(t *testing.T) {
 	mq := env.rt.queue.lookup(model)
 	mq.mu.Lock()
 	defer mq.mu.Unlock()
-	if len(mq.levels) != 0 {
-		t.Errorf("%d priority levels left in an empty queue", len(mq.levels))
+	if n, b := mq.fq.Len(), env.rt.queue.budget.Used(); n != 0 || b != 0 {
+		t.Errorf("%d requests and %d bytes left in an empty queue", n, b)
 	}
 }
 

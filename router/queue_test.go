@@ -9,6 +9,7 @@ import (
 
 	"github.com/workermon/workermon/admission"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/flow"
 )
 
 // fakeFleet is a model's record as the queue's dispatcher sees it.
@@ -75,7 +76,8 @@ func newTestQueue(t *testing.T, f *fakeFleet, maxRequests int) *modelQueue {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mq := newQueues(time.Hour, maxRequests, DefaultQueuePace, f.deps(), m).forModel("m")
+	mq := newQueues(queueLimits{maxWait: time.Hour, maxRequests: maxRequests, maxBytes: DefaultQueueMaxBytes, pace: DefaultQueuePace},
+		f.deps(), m).forModel("m")
 	// Whatever the test left queued goes, so that the bubble ends.
 	t.Cleanup(func() {
 		mq.mu.Lock()
@@ -103,7 +105,7 @@ type collector struct {
 
 func (c *collector) watch(name string, w *waiter) {
 	go func() {
-		v := <-w.done
+		v := <-w.Value.done
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.got = append(c.got, sent{name: name, worker: v.worker.WorkerID, at: time.Since(c.start), kind: v.kind})
@@ -124,9 +126,14 @@ func (c *collector) names() []string {
 	return out
 }
 
+// arrival is a newcomer of priority p and tenant, with a body of 100 bytes.
+func arrival(p int64, tenant string, admitted, mayWait bool) flow.Arrival {
+	return flow.Arrival{Priority: p, Tenant: tenant, Bytes: 100, Admitted: admitted, MayWait: mayWait}
+}
+
 func join(t *testing.T, mq *modelQueue, c *collector, name string, p int64, tenant string) {
 	t.Helper()
-	w, err := mq.join(p, admission.ClassOf(p), tenant, false, true, time.Now())
+	w, err := mq.join(arrival(p, tenant, false, true), admission.ClassOf(p), time.Now())
 	if err != nil {
 		t.Fatalf("join %s: %v", name, err)
 	}
@@ -169,27 +176,27 @@ func TestQueueOvertake(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeFleet(1)
 		mq := newTestQueue(t, f, 100)
-		if _, err := mq.join(0, admission.ClassStandard, "", true, true, time.Now()); err != errOvertake {
+		if _, err := mq.join(arrival(0, "", true, true), admission.ClassStandard, time.Now()); err != flow.ErrAhead {
 			t.Fatalf("admitted newcomer, empty queue: %v, want errOvertake", err)
 		}
 		c := &collector{start: time.Now()}
 		join(t, mq, c, "first", 0, "")
 		for _, p := range []int64{0, -3} {
-			w, err := mq.join(p, admission.ClassOf(p), "", true, true, time.Now())
+			w, err := mq.join(arrival(p, "", true, true), admission.ClassOf(p), time.Now())
 			if err != nil {
 				t.Fatalf("admitted newcomer of priority %d behind priority 0: %v, want queued", p, err)
 			}
 			c.watch("later", w)
 		}
-		if _, err := mq.join(1, admission.ClassCritical, "", true, true, time.Now()); err != errOvertake {
+		if _, err := mq.join(arrival(1, "", true, true), admission.ClassCritical, time.Now()); err != flow.ErrAhead {
 			t.Fatalf("admitted newcomer of higher priority: %v, want errOvertake", err)
 		}
 		// One that may not wait (X-Workermon-Max-Wait: 0) is refused, not
 		// sent ahead, unless its priority is higher.
-		if _, err := mq.join(0, admission.ClassStandard, "", true, false, time.Now()); err != errNoWait {
+		if _, err := mq.join(arrival(0, "", true, false), admission.ClassStandard, time.Now()); err != flow.ErrNoWait {
 			t.Fatalf("admitted newcomer that may not wait, behind priority 0: %v, want errNoWait", err)
 		}
-		if _, err := mq.join(1, admission.ClassCritical, "", true, false, time.Now()); err != errOvertake {
+		if _, err := mq.join(arrival(1, "", true, false), admission.ClassCritical, time.Now()); err != flow.ErrAhead {
 			t.Fatalf("admitted newcomer of higher priority that may not wait: %v, want errOvertake", err)
 		}
 		f.set([]uint64{1}, nil)
@@ -356,7 +363,7 @@ func TestQueueFullEvicts(t *testing.T) {
 		join(t, mq, c, "low-old", -1, "")
 		join(t, mq, c, "low-new", -1, "x")
 		join(t, mq, c, "std", 0, "")
-		if _, err := mq.join(-1, admission.ClassSheddable, "", false, true, time.Now()); err != errQueueFull {
+		if _, err := mq.join(arrival(-1, "", false, true), admission.ClassSheddable, time.Now()); err != flow.ErrFull {
 			t.Fatalf("newcomer of the lowest priority: %v, want errQueueFull", err)
 		}
 		join(t, mq, c, "high", 1, "")
@@ -369,9 +376,9 @@ func TestQueueFullEvicts(t *testing.T) {
 			t.Fatalf("depth %d, want 3", mq.depth.Load())
 		}
 		mq.mu.Lock()
-		for _, w := range []*waiter{mq.headLocked()} {
-			if w.priority != 1 {
-				t.Errorf("head priority %d, want 1", w.priority)
+		for _, w := range []*waiter{mq.fq.Head()} {
+			if w.Priority() != 1 {
+				t.Errorf("head priority %d, want 1", w.Priority())
 			}
 		}
 		mq.releaseAllLocked(time.Now())
@@ -388,7 +395,7 @@ func TestQueueRemove(t *testing.T) {
 		mq := newTestQueue(t, f, 100)
 		c := &collector{start: time.Now()}
 		join(t, mq, c, "a1", 0, "a")
-		wb, err := mq.join(0, admission.ClassStandard, "b", false, true, time.Now())
+		wb, err := mq.join(arrival(0, "b", false, true), admission.ClassStandard, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}

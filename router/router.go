@@ -185,6 +185,10 @@ type Config struct {
 	// QueueMaxRequests is how many requests a model's queue holds;
 	// positive.
 	QueueMaxRequests int
+	// QueueMaxBytes is how many bytes of request bodies the queues of all
+	// models hold together; at least MaxBodyBytes. Past either limit a
+	// newcomer pushes out what flow.Queue.Join allows, or is turned away.
+	QueueMaxBytes int64
 	// QueuePace is the pace of dispatch from the queue: this router hands
 	// a free worker at most one queued request per QueuePace × max(1, the
 	// record's routers); positive.
@@ -218,6 +222,7 @@ func DefaultConfig() Config {
 
 		QueueMaxWait:     DefaultQueueMaxWait,
 		QueueMaxRequests: DefaultQueueMaxRequests,
+		QueueMaxBytes:    DefaultQueueMaxBytes,
 		QueuePace:        DefaultQueuePace,
 	}
 }
@@ -263,6 +268,9 @@ func (c Config) Validate() error {
 	}
 	if c.QueueMaxWait > 0 && c.QueueMaxRequests <= 0 {
 		bad("queue max requests %d is not positive", c.QueueMaxRequests)
+	}
+	if c.QueueMaxWait > 0 && c.QueueMaxBytes < c.MaxBodyBytes {
+		bad("queue max bytes %d is less than max body bytes %d: the largest request could never wait", c.QueueMaxBytes, c.MaxBodyBytes)
 	}
 	if c.QueueMaxWait > 0 && c.QueuePace <= 0 {
 		bad("queue pace %v is not positive", c.QueuePace)
@@ -336,7 +344,8 @@ func New(cfg Config) (*Router, error) {
 		if rc, ok := cfg.BusyList.(interface{ Routers(model string) uint64 }); ok {
 			deps.routers = rc.Routers
 		}
-		rt.queue = newQueues(cfg.QueueMaxWait, cfg.QueueMaxRequests, cfg.QueuePace, deps, qm)
+		rt.queue = newQueues(queueLimits{maxWait: cfg.QueueMaxWait, maxRequests: cfg.QueueMaxRequests,
+			maxBytes: cfg.QueueMaxBytes, pace: cfg.QueuePace}, deps, qm)
 	}
 
 	mux := http.NewServeMux()

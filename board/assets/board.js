@@ -193,13 +193,19 @@
   }
 
   // ---- strip: the model's last minutes ----------------------------------
-  // Each snapshot adds a sample per model; the strip draws the last
-  // stripSpan of them: requests admitted, rejected and shed per second (from
-  // the differences of the counters), requests queued, and busy workers.
-  // Admitted and shed are the router's counts, which are not by model: the
-  // strip shows them when the board shows one model only.
-  const stripSpan = 5 * 60 * 1000;
-  const stripW = 600, stripH = 48, busyH = 12;
+  // The strip draws a model's last stripSpan from samples: requests
+  // admitted, rejected and shed per second (from the differences of the
+  // counters), requests queued, and busy workers. The samples before the
+  // page opened come from the server's history (GET board/history, read once
+  // at open); each snapshot of the stream then adds one. Admitted and shed
+  // are the router's counts, which are not by model: the strip shows them
+  // when the board shows one model only.
+  const stripSpan = 10 * 60 * 1000;
+  // The chart's coordinates: stripW wide (stretched to the card), lines
+  // in [0, linesH], the busy band in [linesH + bandGap, stripH]; CSS draws
+  // it stripH pixels high, so that the axis's labels sit at the same y.
+  const stripW = 1000, linesH = 100, bandGap = 6, busyH = 22, stripH = linesH + bandGap + busyH;
+  const xTickEvery = 2 * 60 * 1000;
   const SVG = 'http://www.w3.org/2000/svg';
   const series = [
     { key: 'adm', label: 'admitted', unit: '/s', cls: 's-adm' },
@@ -207,6 +213,12 @@
     { key: 'shed', label: 'shed', unit: '/s', cls: 's-shed' },
     { key: 'q', label: 'queued', unit: '', cls: 's-q' },
   ];
+  const pageOpened = Date.now();
+  document.body.dataset.opened = String(pageOpened);
+  // history holds the server's samples of the models that have no section
+  // yet, by model; null until board/history answered.
+  let history = null;
+
   function svg(tag, className, parent) {
     const el = document.createElementNS(SVG, tag);
     if (className) el.setAttribute('class', className);
@@ -215,30 +227,97 @@
   }
   function makeStrip(parent) {
     const wrap = make('div', 'strip', parent);
-    const chart = svg('svg', 'strip-chart', wrap);
-    chart.setAttribute('viewBox', '0 0 ' + stripW + ' ' + (stripH + busyH + 2));
+    const plot = make('div', 'strip-plot', wrap);
+    const yAxis = make('div', 'strip-y', plot);
+    yAxis.setAttribute('aria-hidden', 'true');
+    const chart = svg('svg', 'strip-chart', plot);
+    chart.setAttribute('viewBox', '0 0 ' + stripW + ' ' + stripH);
     chart.setAttribute('preserveAspectRatio', 'none');
     chart.setAttribute('role', 'img');
-    const st = { wrap: wrap, chart: chart, lines: {}, samples: [], legend: make('div', 'strip-legend', wrap) };
+    make('div', '', plot);
+    const xAxis = make('div', 'strip-x', plot);
+    xAxis.setAttribute('aria-hidden', 'true');
+    const st = {
+      wrap: wrap, chart: chart, yAxis: yAxis, xAxis: xAxis, lines: {}, samples: [], top: 0,
+      grid: svg('g', 'strip-grid', chart), band: svg('rect', 'strip-band', chart),
+    };
+    st.band.setAttribute('x', '0');
+    st.band.setAttribute('y', String(linesH + bandGap));
+    st.band.setAttribute('width', String(stripW));
+    st.band.setAttribute('height', String(busyH));
     st.busy = svg('path', 'strip-busy', chart);
+    st.opened = svg('line', 'strip-opened', chart);
     for (const se of series) st.lines[se.key] = svg('polyline', 'strip-line ' + se.cls, chart);
+    // The y axis: the unit, the scale's ticks (set by drawStrip) and the
+    // band's label.
+    make('span', 'strip-unit', yAxis).textContent = 'req/s';
+    st.yTicks = [0, 1, 2].map(() => make('span', 'tick', yAxis));
+    const band = make('span', 'tick band', yAxis);
+    band.textContent = 'busy';
+    band.style.top = (linesH + bandGap + busyH / 2) + 'px';
+    for (let t = stripSpan; t >= 0; t -= xTickEvery) {
+      const s = make('span', 'tick', xAxis);
+      s.textContent = t === 0 ? 'now' : '\u2212' + t / 60000 + ' min';
+      s.style.left = (100 * (1 - t / stripSpan)) + '%';
+    }
+    st.legend = make('div', 'strip-legend', wrap);
     return st;
+  }
+  // sampleOf is one sample of a model: when, the admitted and shed
+  // counters (null but for a board of one model), the model's rejected
+  // counter and queue (null when unknown), its busy and total workers.
+  function sampleOf(t, adm, shed, rej, q, busy, workers) {
+    return { t: t, adm: adm, shed: shed, rej: rej, q: q, busy: busy, workers: workers };
+  }
+  // admittedOf sums the outcomes that let a request through, as the
+  // server's history does.
+  function admittedOf(a) {
+    return (a.admitted || 0) + (a.stale_open || 0) + (a.unknown_model || 0);
   }
   function sample(sec, m, snap) {
     const one = snap.models.length === 1 && snap.admissions;
     const a = snap.admissions || {};
     const ss = sec.strip.samples;
-    ss.push({
-      t: Date.now(),
-      adm: one ? (a.admitted || 0) + (a.stale_open || 0) + (a.unknown_model || 0) : null,
-      shed: one ? (a.shed || 0) : null,
-      rej: m.rejected != null ? m.rejected : null,
-      q: m.queued != null ? m.queued : null,
-      busy: m.counts.busy,
-      workers: m.workers.length,
-    });
+    ss.push(sampleOf(Date.now(), one ? admittedOf(a) : null, one ? (a.shed || 0) : null,
+      m.rejected != null ? m.rejected : null, m.queued != null ? m.queued : null, m.counts.busy, m.workers.length));
     const cut = Date.now() - stripSpan - 60000;
     while (ss.length > 2 && ss[1].t < cut) ss.shift();
+  }
+  // loadHistory asks the server for the last minutes, once: the strips
+  // then start before the page opened.
+  function loadHistory() {
+    fetch('board/history', { cache: 'no-store' })
+      .then((r) => (r.ok ? r.json() : null))
+      .then((h) => {
+        history = new Map();
+        if (!h || !Array.isArray(h.points)) return;
+        // The server's clock, against ours: its points are placed on ours.
+        const skew = h.now - Date.now();
+        for (const p of h.points) {
+          const one = p.models.length === 1 && p.admitted != null;
+          for (const m of p.models) {
+            if (!history.has(m.name)) history.set(m.name, []);
+            history.get(m.name).push(sampleOf(p.t - skew, one ? p.admitted : null, one ? p.shed : null,
+              m.rejected != null ? m.rejected : null, m.queued != null ? m.queued : null, m.busy, m.workers));
+          }
+        }
+        for (const [name, sec] of sections) {
+          seedHistory(sec, name);
+          drawStrip(sec);
+        }
+      })
+      .catch(() => { history = new Map(); });
+  }
+  // seedHistory puts the server's samples of a model before the ones the
+  // stream brought.
+  function seedHistory(sec, name) {
+    if (!history || !history.has(name)) return;
+    const st = sec.strip;
+    const first = st.samples.length ? st.samples[0].t : Infinity;
+    const older = history.get(name).filter((s) => s.t < first);
+    history.delete(name);
+    st.samples = older.concat(st.samples);
+    st.wrap.dataset.history = String(older.length);
   }
   // steps returns the series of one key as steps [t0, t1, value]: a level
   // (queued) holds from its sample to the next, and to now after the last;
@@ -272,17 +351,43 @@
     const dt = (now - ref.t) / 1000;
     return ref[key] == null || dt <= 0 ? 0 : Math.max(0, last[key] - ref[key]) / Math.max(dt, 1);
   }
+  // niceTop is the y axis's top: the smallest of 1, 2, 2.5, 5 × 10^k at
+  // least v (and at least 1).
+  function niceTop(v) {
+    if (!(v > 1)) return 1;
+    const p = Math.pow(10, Math.floor(Math.log10(v)));
+    for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
+    return 10 * p;
+  }
+  function tickText(v) {
+    return v >= 10 || Number.isInteger(v) ? fmt.format(v) : String(+v.toFixed(2));
+  }
   function drawStrip(sec) {
     const st = sec.strip, ss = st.samples;
-    const now = Date.now();
-    const x = (t) => Math.max(0, stripW * (t - (now - stripSpan)) / stripSpan).toFixed(1);
+    const now = Date.now(), from = now - stripSpan;
+    const x = (t) => Math.max(0, stripW * (t - from) / stripSpan).toFixed(1);
     const all = {};
-    let top = 1;
+    let max = 0;
     for (const se of series) {
       all[se.key] = steps(ss, se.key, now);
-      for (const p of all[se.key]) if (p[2] > top) top = p[2];
+      for (const p of all[se.key]) if (p[1] > from && p[2] > max) max = p[2];
     }
-    const y = (v) => (stripH - (stripH - 2) * v / top).toFixed(1);
+    const top = niceTop(max);
+    const y = (v) => (linesH - (linesH - 2) * v / top).toFixed(1);
+    if (top !== st.top) {
+      st.top = top;
+      st.grid.replaceChildren();
+      [top, top / 2, 0].forEach((v, i) => {
+        const l = svg('line', '', st.grid);
+        l.setAttribute('x1', '0');
+        l.setAttribute('x2', String(stripW));
+        l.setAttribute('y1', y(v));
+        l.setAttribute('y2', y(v));
+        st.yTicks[i].textContent = tickText(v);
+        st.yTicks[i].style.top = y(v) + 'px';
+      });
+      st.wrap.dataset.top = String(top);
+    }
     const legend = [];
     for (const se of series) {
       const pts = [];
@@ -293,13 +398,18 @@
       if (v != null) legend.push({ se: se, v: se.unit ? v.toFixed(1) + se.unit : fmt.format(v) });
     }
     // Busy workers: a band under the lines, its height the busy share.
+    const base = linesH + bandGap + busyH;
     let d = '';
     for (let i = 0; i < ss.length; i++) {
       const s = ss[i], t1 = i + 1 < ss.length ? ss[i + 1].t : now;
       const h = s.workers ? busyH * s.busy / s.workers : 0;
-      if (h > 0) d += 'M' + x(s.t) + ',' + (stripH + 2 + busyH) + 'V' + (stripH + 2 + busyH - h).toFixed(1) + 'H' + x(t1) + 'V' + (stripH + 2 + busyH) + 'Z';
+      if (h > 0 && t1 > from) d += 'M' + x(s.t) + ',' + base + 'V' + (base - h).toFixed(1) + 'H' + x(t1) + 'V' + base + 'Z';
     }
     attr(st.busy, 'd', d);
+    // When this page opened: what is left of it came from the server.
+    const ox = x(pageOpened);
+    for (const [k, v] of [['x1', ox], ['x2', ox], ['y1', '0'], ['y2', String(stripH)]]) attr(st.opened, k, v);
+    st.wrap.dataset.oldest = ss.length ? String(ss[0].t) : '';
     const lastS = ss[ss.length - 1];
     const key = legend.map((l) => l.se.key + l.v).join('|') + '|' + (lastS ? lastS.busy + '/' + lastS.workers : '');
     if (st.legend.dataset.key !== key) {
@@ -317,12 +427,51 @@
         s.appendChild(document.createTextNode('busy workers '));
         make('b', '', s).textContent = lastS.busy + '/' + lastS.workers;
       }
-      make('span', 'k span', st.legend).textContent = 'last 5 min';
+      const span = make('span', 'k span', st.legend);
+      span.textContent = 'last 10 min; queued in requests, on the same scale; dotted: this page opened';
     }
   }
 
   // ---- tiles ------------------------------------------------------------
   const reasonShort = { kv: 'kv', prefill: 'pf', 'kv+prefill': 'kv+pf', cordoned: 'cord' };
+  const unknownKV = 'KV total unknown (hatched): this router counts the KV blocks of the requests it has in flight, ' +
+    'but not the size of the rank\u2019s cache, so it cannot draw a share; the monitor\u2019s board has the engines\u2019 totals.';
+
+  // rankBars are the bars of a rank's row, left to right. Each names its
+  // class (the bar's colour in board.css) and label and, from the rank and
+  // the model's prefill scale, gives the bar: its value v out of full (null:
+  // unknown, hatched), the threshold's tick at mark (null: none), whether it
+  // is past it, the figure large tiles write over it and a tooltip. To show
+  // another per-rank value, add an entry here.
+  const rankBars = [
+    {
+      cls: 'kv', label: 'KV',
+      of(r) {
+        const known = r.kv_total > 0;
+        const mark = known && r.kv_threshold != null ? r.kv_threshold * r.kv_total : null;
+        return {
+          v: r.kv_used, full: known ? r.kv_total : null, mark: mark, over: mark != null && r.kv_used > mark,
+          figure: known ? pct(r.kv_used / r.kv_total) + ' \u00b7 ' + fmt.format(r.kv_used) + '/' + fmt.format(r.kv_total)
+            : fmt.format(r.kv_used) + ' blocks \u00b7 total unknown',
+          title: known ? 'KV blocks in use' : unknownKV,
+        };
+      },
+    },
+    {
+      cls: 'pf', label: 'PF',
+      of(r, prefillScale) {
+        // The limit sits at 80% of the bar; without a limit the bar is
+        // relative to the model's largest prefill.
+        const lim = r.prefill_limit;
+        if (lim != null) {
+          return { v: r.prefill, full: Math.max(lim * 1.25, 1), mark: lim, over: r.prefill > lim,
+            figure: fmt.format(r.prefill) + '/' + fmt.format(lim) + ' tok', title: 'tokens being prefilled, against the limit' };
+        }
+        return { v: r.prefill, full: prefillScale, mark: null, over: false,
+          figure: fmt.format(r.prefill) + ' tok', title: 'tokens being prefilled' };
+      },
+    },
+  ];
 
   function tileTitle(w, m, snap) {
     const lines = ['worker ' + w.id + ': ' + w.state + (w.level ? ' (' + w.level + ')' : '') +
@@ -332,7 +481,7 @@
     for (const r of w.ranks || []) {
       let kv = 'KV ' + fmt.format(r.kv_used);
       if (r.kv_total) kv += ' / ' + fmt.format(r.kv_total) + ' blocks (' + pct(r.kv_used / r.kv_total) + ')';
-      else kv += ' blocks (total unknown)';
+      else kv += ' blocks (total unknown: the bar is hatched)';
       if (r.kv_threshold != null) kv += ', threshold ' + pct(r.kv_threshold);
       let pf = 'prefill ' + fmt.format(r.prefill) + ' tokens';
       if (r.prefill_limit != null) pf += ', limit ' + fmt.format(r.prefill_limit);
@@ -348,33 +497,46 @@
     const el = make('div', 'tile');
     el.dataset.worker = id;
     const head = make('div', 'tile-head', el);
-    const t = { el: el, wid: make('span', 'wid', head), why: make('span', 'why', head), ranks: make('div', 'ranks', el), rows: [], key: '' };
+    const t = { el: el, wid: make('span', 'wid', head), host: make('span', 'host', head), why: make('span', 'why', head),
+      ranks: make('div', 'ranks', el), rows: [], key: '' };
     t.wid.textContent = id;
     return t;
   }
 
-  // setBar shows value v of a scale of full, with a tick at mark (both may
-  // be null: unknown scale, no threshold).
-  function setBar(bar, v, full, mark, over) {
-    let c = bar.kind;
+  // setBar draws b, what a rankBars entry gave.
+  function setBar(bar, b) {
+    let c = 'bar ' + bar.kind;
     let w = 0;
-    if (full > 0) {
-      w = Math.min(v / full, 1);
-    } else if (full === null) {
+    if (b.full > 0) {
+      w = Math.min(b.v / b.full, 1);
+    } else if (b.full === null) {
       c += ' unknown';
     }
-    if (mark != null && full > 0) {
+    if (b.mark != null && b.full > 0) {
       c += ' has-mark';
-      bar.mark.style.left = (Math.min(mark / full, 1) * 100).toFixed(1) + '%';
+      bar.mark.style.left = (Math.min(b.mark / b.full, 1) * 100).toFixed(1) + '%';
     }
-    if (over) c += ' over';
+    if (b.over) c += ' over';
     cls(bar.el, c);
     bar.fill.style.width = (w * 100).toFixed(1) + '%';
+    text(bar.fig, b.figure);
+    attr(bar.cell, 'title', b.title);
   }
 
-  function makeBar(parent, kind) {
-    const el = make('span', kind, parent);
-    return { el: el, kind: kind, fill: make('i', 'fill', el), mark: make('b', 'mark', el) };
+  function makeBar(parent, kind, label) {
+    const cell = make('span', 'cell', parent);
+    const fig = make('span', 'fig', cell);
+    fig.dataset.label = label;
+    const el = make('span', 'bar ' + kind, cell);
+    return { cell: cell, fig: fig, el: el, kind: kind, fill: make('i', 'fill', el), mark: make('b', 'mark', el) };
+  }
+
+  function hostOf(endpoint) {
+    try {
+      return new URL(endpoint).host;
+    } catch (e) {
+      return endpoint;
+    }
   }
 
   function updateTile(t, w, m, snap, prefillScale) {
@@ -384,28 +546,47 @@
     t.el.dataset.state = w.state;
     t.el.dataset.level = w.level || '';
     text(t.why, w.reason ? (reasonShort[w.reason] || w.reason) : (w.level === 'amber' ? 'amber' : (w.state === 'stale' ? 'stale' : '')));
+    text(t.host, w.endpoint ? hostOf(w.endpoint) : '');
     attr(t.el, 'title', tileTitle(w, m, snap));
     const ranks = w.ranks || [];
     while (t.rows.length < ranks.length) {
       const row = make('div', 'rank', t.ranks);
-      t.rows.push({ el: row, kv: makeBar(row, 'bar kv'), pf: makeBar(row, 'bar pf') });
+      const label = make('span', 'rank-label', row);
+      t.rows.push({ el: row, label: label, bars: rankBars.map((rb) => makeBar(row, rb.cls, rb.label)) });
     }
     while (t.rows.length > ranks.length) t.rows.pop().el.remove();
     ranks.forEach((r, i) => {
       const row = t.rows[i];
       cls(row.el, r.stale ? 'rank stale' : 'rank');
-      const kvOver = r.kv_total > 0 && r.kv_threshold != null && r.kv_used > r.kv_threshold * r.kv_total;
-      setBar(row.kv, r.kv_used, r.kv_total > 0 ? r.kv_total : null,
-        r.kv_threshold != null && r.kv_total > 0 ? r.kv_threshold * r.kv_total : null, kvOver);
-      // Prefill: the limit sits at 80% of the bar; without a limit the bar
-      // is relative to the model's largest prefill.
-      const lim = r.prefill_limit;
-      if (lim != null) {
-        setBar(row.pf, r.prefill, Math.max(lim * 1.25, 1), lim, r.prefill > lim);
-      } else {
-        setBar(row.pf, r.prefill, prefillScale, null, false);
-      }
+      text(row.label, 'r' + r.rank);
+      rankBars.forEach((rb, j) => setBar(row.bars[j], rb.of(r, prefillScale)));
     });
+  }
+
+  // tileWidth is the width tiles get in a row of w pixels: the widest,
+  // up to 360 px, that puts every worker on one row, or else on two or
+  // three rows of tiles at least 150 px wide; else small tiles of 78 px and
+  // more, as many rows as it takes.
+  const tileGap = 8;
+  function tileWidth(w, n) {
+    for (const rows of [1, 2, 3]) {
+      const per = Math.max(1, Math.ceil(n / rows));
+      const tw = Math.floor((w - tileGap * (per - 1)) / per);
+      if (tw >= 150) return Math.min(tw, 360);
+    }
+    return 78;
+  }
+  // sizeTiles sizes a model's tiles to the card: large ones write their
+  // figures over the bars, small ones only draw them.
+  function sizeTiles(sec) {
+    const n = sec.tiles.size;
+    const w = sec.tilesEl.clientWidth || modelsEl.clientWidth - 40;
+    const key = n + '/' + w;
+    if (sec.sizeKey === key || w <= 0) return;
+    sec.sizeKey = key;
+    const tw = tileWidth(w, n);
+    sec.tilesEl.style.setProperty('--tile-min', tw + 'px');
+    cls(sec.tilesEl, 'tiles ' + (tw >= 240 ? 'size-l' : tw >= 150 ? 'size-m' : 'size-s'));
   }
 
   function updateTiles(sec, m, snap) {
@@ -436,6 +617,7 @@
         sec.tiles.delete(id);
       }
     }
+    sizeTiles(sec);
   }
 
   // ---- page -------------------------------------------------------------
@@ -517,6 +699,7 @@
       if (!sec) {
         sec = makeSection(m.name);
         sections.set(m.name, sec);
+        seedHistory(sec, m.name);
         sec.el.hidden = filter !== '' && !m.name.toLowerCase().includes(filter);
       }
       const want = prev ? prev.el.nextSibling : modelsEl.firstChild;
@@ -532,6 +715,8 @@
       }
     }
     $('empty').hidden = snap.models.length > 0 || !!snap.error;
+    // The legend explains the hatched KV bars when some are drawn.
+    $('key-unknown').hidden = !snap.models.some((m) => m.workers.some((w) => (w.ranks || []).some((r) => !(r.kv_total > 0))));
   }
 
   function tick() {
@@ -545,6 +730,10 @@
     filter = e.target.value.trim().toLowerCase();
     applyFilter();
   });
+  window.addEventListener('resize', () => {
+    for (const sec of sections.values()) sizeTiles(sec);
+  });
   setInterval(tick, 1000);
+  loadHistory();
   connect();
 })();

@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/workermon/workermon/board"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/natstest"
 	"github.com/workermon/workermon/publisher"
 )
 
@@ -211,6 +214,17 @@ func (b *browser) text(selector string) string {
 	return s
 }
 
+// texts returns the text of every element selector matches.
+func (b *browser) texts(selector string) []string {
+	b.t.Helper()
+	s, err := chromedp.Run(b.ctx, chromedp.Evaluate[[]string](fmt.Sprintf(
+		`[...document.querySelectorAll(%q)].map(e => e.textContent.replace(/\s+/g, " ").trim())`, selector)))
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return s
+}
+
 // screenshot saves the page in screenshotDir as name.
 func (b *browser) screenshot(name string) {
 	b.t.Helper()
@@ -331,7 +345,11 @@ func (s *changingSource) Snapshot(context.Context) (board.Snapshot, error) {
 func (s *changingSource) set(admitted, rejected, shed, queued uint64, busy int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	workers := []board.Worker{{ID: 1, State: board.StateFree}, {ID: 2, State: board.StateFree}}
+	// Worker 1's rank has no KV total (a router's estimate): a hatched bar.
+	kvThreshold := 0.8
+	workers := []board.Worker{
+		{ID: 1, State: board.StateFree, Endpoint: "http://10.0.0.1:8000", Ranks: []board.Rank{{KVUsed: 40, Prefill: 10}}},
+		{ID: 2, State: board.StateFree, Ranks: []board.Rank{{KVUsed: 400, KVTotal: 1000, KVThreshold: &kvThreshold, Prefill: 20}}}}
 	for i := range busy {
 		workers[i].State = board.StateBusy
 	}
@@ -372,7 +390,7 @@ func TestBoardStrip(t *testing.T) {
 			`document.querySelector('section[data-model="m1"] .strip-legend').textContent.includes('queued %d')`, 3*i), 10*time.Second)
 	}
 	legend := b.text(`section[data-model="m1"] .strip-legend`)
-	for _, want := range []string{"admitted", "rejected", "shed", "queued 15", "busy workers 2/2", "last 5 min"} {
+	for _, want := range []string{"admitted", "rejected", "shed", "queued 15", "busy workers 2/2", "last 10 min"} {
 		if !strings.Contains(legend, want) {
 			t.Errorf("legend %q lacks %q", legend, want)
 		}
@@ -382,7 +400,7 @@ func TestBoardStrip(t *testing.T) {
 			document.querySelector('section[data-model="m1"] .strip-line.%s'))`, line), 10*time.Second)
 	}
 	b.poll("a positive rate of rejections", `
-		document.querySelector('section[data-model="m1"] .strip-line.s-rej').getAttribute('points').split(' ').some(p => Number(p.split(',')[1]) < 48)`,
+		document.querySelector('section[data-model="m1"] .strip-line.s-rej').getAttribute('points').split(' ').some(p => Number(p.split(',')[1]) < 100)`,
 		10*time.Second)
 	b.poll("the busy band", `document.querySelector('section[data-model="m1"] .strip-busy').getAttribute('d').length > 0`, 10*time.Second)
 	b.screenshot("board-strip.png")
@@ -390,5 +408,97 @@ func TestBoardStrip(t *testing.T) {
 	// rates fall back to 0 while the queue's level holds.
 	b.poll("the rates back to 0", `(l => l.includes('rejected 0.0/s') && l.includes('admitted 0.0/s') && l.includes('queued 15'))(
 		document.querySelector('section[data-model="m1"] .strip-legend').textContent)`, 20*time.Second)
+	b.checkErrors()
+}
+
+// TestBoardHistoryInBrowser: a page opened after a peak shows it. The
+// server's sampler recorded the peak (the rejections rising, both workers
+// busy) before the page opened; the page's strip draws it from
+// GET /board/history left of the line marking when the page opened, under
+// a y axis with its unit and scale and an x axis of minutes. The two tiles
+// fill the card, writing their figures, and the hatched bar of a rank with
+// no KV total is explained.
+func TestBoardHistoryInBrowser(t *testing.T) {
+	chrome := findChromium()
+	if chrome == "" {
+		t.Skipf("Chromium not found (looked for %v on PATH and $WORKERMON_CHROMIUM)", chromiumNames)
+	}
+	t.Parallel()
+	src := &changingSource{}
+	src.set(0, 0, 0, 0, 0)
+	cfg := board.DefaultConfig()
+	cfg.Source, cfg.HistoryInterval = src, 50*time.Millisecond
+	bd, err := board.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bd.Close() })
+	srv := httptest.NewServer(bd)
+	t.Cleanup(srv.Close)
+	// sampled waits until the server's history holds a point of rejected.
+	sampled := func(rejected uint64) {
+		t.Helper()
+		natstest.WaitFor(t, 10*time.Second, fmt.Sprintf("a point of %d rejected in the history", rejected), func() bool {
+			resp, err := http.Get(srv.URL + "/board/history")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var h board.History
+			if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+				t.Fatal(err)
+			}
+			n := len(h.Points)
+			return n > 0 && len(h.Points[n-1].Models) == 1 && h.Points[n-1].Models[0].Rejected != nil &&
+				*h.Points[n-1].Models[0].Rejected == rejected
+		})
+	}
+	sampled(0)
+	// The peak: the counters rise, requests queue, both workers busy.
+	for i := uint64(1); i <= 5; i++ {
+		src.set(20*i, 10*i, 2*i, 3*i, 2)
+		sampled(10 * i)
+	}
+	// Over: nothing rejected any more, the queue empty, the workers free.
+	src.set(120, 50, 10, 0, 0)
+	sampled(50)
+
+	b := openBrowser(t, chrome, srv.URL+"/")
+	const strip = `document.querySelector('section[data-model="m1"] .strip')`
+	b.poll("the strip holds samples from before the page opened", `(s => s !== null && Number(s.dataset.history) >= 7 &&
+		Number(s.dataset.oldest) < Number(document.body.dataset.opened))(`+strip+`)`, 10*time.Second)
+	// The rejections' line rises above 0 (y 100) left of the page's opening.
+	b.poll("the peak's rejections drawn before the page opened", `(s => {
+		const ox = Number(s.querySelector('.strip-opened').getAttribute('x1'));
+		return s.querySelector('.strip-line.s-rej').getAttribute('points').split(' ')
+			.map(p => p.split(',').map(Number)).some(([x, y]) => x < ox && y < 99);
+	})(`+strip+`)`, 10*time.Second)
+	b.poll("the peak's busy workers drawn", strip+`.querySelector('.strip-busy').getAttribute('d').length > 0`, 10*time.Second)
+	yAxis := strings.Join(b.texts(`section[data-model="m1"] .strip-y > span`), " ")
+	if !regexp.MustCompile(`^req/s [0-9.,]+ [0-9.,]+ 0 busy$`).MatchString(yAxis) {
+		t.Errorf("y axis %q, want its unit, three ticks down to 0 and the busy band's label", yAxis)
+	}
+	if x := strings.Join(b.texts(`section[data-model="m1"] .strip-x > span`), " "); x != "−10 min −8 min −6 min −4 min −2 min now" {
+		t.Errorf("x axis %q", x)
+	}
+
+	// Two workers in a 1280-pixel window: large tiles, figures written.
+	b.poll("large tiles", `(t => t !== null && t.classList.contains('size-l') && t.firstElementChild.offsetWidth >= 240)(
+		document.querySelector('section[data-model="m1"] .tiles'))`, 10*time.Second)
+	// The bar's name ("KV") is the figure's ::before.
+	if fig := b.text(`.tile[data-worker="2"] .fig`); fig != "40% · 400/1,000" {
+		t.Errorf("worker 2's KV figure %q", fig)
+	}
+	if fig := b.text(`.tile[data-worker="1"] .fig`); fig != "40 blocks · total unknown" {
+		t.Errorf("worker 1's KV figure %q", fig)
+	}
+	// The hatched bar: its own key in the legend, a tooltip on the bar.
+	if key := b.text("#key-unknown"); !strings.Contains(key, "KV total unknown") {
+		t.Errorf("legend key %q", key)
+	}
+	b.poll("the legend shows the hatched key", `document.getElementById('key-unknown').offsetWidth > 0`, 5*time.Second)
+	b.poll("the hatched bar explains itself", `(c => c !== null && c.querySelector('.bar.unknown') !== null &&
+		c.title.includes('total unknown'))(document.querySelector('.tile[data-worker="1"] .cell'))`, 5*time.Second)
+	b.screenshot("board-history.png")
 	b.checkErrors()
 }

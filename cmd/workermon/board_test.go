@@ -13,8 +13,8 @@ import (
 	"github.com/workermon/workermon/internal/natstest"
 )
 
-// TestBoardMounted: the monitor and the router serve the board at / and
-// its stream; other paths keep their own 404s; a monitor's Close ends an
+// TestBoardMounted: the monitor and the router serve the board at /, its
+// stream and its history; other paths keep their own 404s; a monitor's Close ends an
 // open stream instead of waiting for it.
 func TestBoardMounted(t *testing.T) {
 	t.Parallel()
@@ -31,6 +31,8 @@ func TestBoardMounted(t *testing.T) {
 		{svc.httpAddr, "/busy", 200, `"records"`},
 		{rt.httpAddr, "/", 200, `<script src="board/board.js"`},
 		{rt.httpAddr, "/board/snapshot", 200, `"kind":"router"`},
+		{svc.httpAddr, "/board/history", 200, `"points":[`},
+		{rt.httpAddr, "/board/history", 200, `"points":[`},
 		{rt.httpAddr, "/nothing", 404, `"type":"not_found_error"`},
 	} {
 		code, body := routerTestGet(t, "http://"+tc.base+tc.path)

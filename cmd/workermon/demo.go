@@ -99,6 +99,9 @@ func defaultDemoOptions() demoOptions {
 	}
 	o.serve.embedded.DataDir = "" // a fresh temporary store, removed at exit
 	o.serve.writer.Warmup = time.Second
+	// One process, one name: the router takes the monitor's, so that both
+	// boards (and the logs) name the demo alike.
+	o.router.router.RouterID = o.serve.writer.MonitorID
 	o.serve.monitor.Defaults = events.Thresholds{
 		ActiveDecodeBlocks:  events.Ptr(DefaultDemoDecodeThreshold),
 		ActivePrefillTokens: events.Ptr[uint64](DefaultDemoPrefillThreshold),

@@ -37,6 +37,19 @@ func TestClosedLoop(t *testing.T) {
 	}
 	closeAtCleanup(t, d.Close)
 	target := "http://" + d.router.httpAddr
+	// One process, one name: both boards show the same id.
+	var names [2]string
+	for i, addr := range []string{d.monitor.httpAddr, d.router.httpAddr} {
+		_, body := routerTestGet(t, "http://"+addr+"/board/snapshot")
+		var snap struct{ Name string }
+		if err := json.Unmarshal([]byte(body), &snap); err != nil {
+			t.Fatal(err)
+		}
+		names[i] = snap.Name
+	}
+	if names[0] == "" || names[0] != names[1] {
+		t.Errorf("the monitor's board names the demo %q, the router's %q: want one id", names[0], names[1])
+	}
 	natstest.WaitFor(t, 10*time.Second, "router sees both workers free", func() bool {
 		rec, _, ok := d.router.watcher.Record(o.fleet.Model)
 		return ok && len(rec.Free) == 2

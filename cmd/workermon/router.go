@@ -88,6 +88,8 @@ func (o *routerOptions) flags(fs *flag.FlagSet) {
 		"how long a request whose priority class has no free worker waits in its model's queue (0: off, rejected at once; header "+
 			router.MaxWaitHeader+" shortens it per request)")
 	fs.IntVar(&o.router.QueueMaxRequests, "queue-max-requests", o.router.QueueMaxRequests, "how many requests each model's queue holds")
+	fs.Int64Var(&o.router.QueueMaxBytes, "queue-max-bytes", o.router.QueueMaxBytes,
+		"how many bytes of request bodies the queues of all models hold together (at least --max-body-bytes)")
 	fs.DurationVar(&o.router.QueuePace, "queue-pace", o.router.QueuePace,
 		"this router hands a freed worker at most one queued request per pace × the routers sharing the model")
 	fs.Int64Var(&o.router.MaxBodyBytes, "max-body-bytes", o.router.MaxBodyBytes, "largest request body accepted (413 beyond)")
@@ -320,7 +322,7 @@ func startRouter(o routerOptions, log *slog.Logger, reg *prometheus.Registry) (_
 	log.Info("router started", "nats", redact.URLs(svc.natsURL), "http", svc.httpAddr, "router_id", cfg.RouterID,
 		"reject_status", cfg.RejectStatus, "shed_status", cfg.ShedStatus, "stale_list_after", o.staleListAfter, "fail_open", o.failOpen,
 		"migration_limit", cfg.MigrationLimit, "queue_max_wait", cfg.QueueMaxWait, "queue_max_requests", cfg.QueueMaxRequests,
-		"queue_pace", cfg.QueuePace, "publish", o.estimates.publish, "pick", o.pick)
+		"queue_max_bytes", cfg.QueueMaxBytes, "queue_pace", cfg.QueuePace, "publish", o.estimates.publish, "pick", o.pick)
 	return svc, nil
 }
 

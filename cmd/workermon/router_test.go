@@ -175,13 +175,13 @@ func TestRouterOptions(t *testing.T) {
 	fs := flag.NewFlagSet("router", flag.ContinueOnError)
 	o.flags(fs)
 	if err := parseFlags(fs, []string{"--reject-status", "429", "--stale-list-after", "3s", "--queue-max-wait", "2s",
-		"--queue-max-requests", "10", "--queue-pace", "5ms"}, io.Discard,
+		"--queue-max-requests", "10", "--queue-max-bytes", "8388608", "--queue-pace", "5ms"}, io.Discard,
 		map[string]string{"NATS_URL": "nats-url"}); err != nil {
 		t.Fatal(err)
 	}
 	if o.router.MigrationLimit != 2 || o.failOpen || o.router.RejectStatus != 429 || o.staleListAfter != 3*time.Second ||
 		o.natsURL != "nats://example:4222" || o.router.QueueMaxWait != 2*time.Second || o.router.QueueMaxRequests != 10 ||
-		o.router.QueuePace != 5*time.Millisecond {
+		o.router.QueuePace != 5*time.Millisecond || o.router.QueueMaxBytes != 8<<20 {
 		t.Errorf("options %+v", o)
 	}
 	if err := o.validate(); err != nil {
@@ -191,7 +191,8 @@ func TestRouterOptions(t *testing.T) {
 	d := defaultRouterOptions()
 	if d.httpAddr != "127.0.0.1:8080" || d.router.RejectStatus != 503 || d.router.MigrationLimit != 0 || !d.failOpen ||
 		d.staleListAfter != 10*time.Second || d.router.MaxBodyBytes != 4<<20 || d.router.RouterID == "" ||
-		d.router.QueueMaxWait != 0 || d.router.QueueMaxRequests != 1024 || d.router.QueuePace != 20*time.Millisecond {
+		d.router.QueueMaxWait != 0 || d.router.QueueMaxRequests != 1024 || d.router.QueuePace != 20*time.Millisecond ||
+		d.router.QueueMaxBytes != 256<<20 {
 		t.Errorf("defaults %+v", d)
 	}
 	d.natsURL = ""
@@ -212,6 +213,9 @@ func TestRouterOptions(t *testing.T) {
 		},
 		"queue max requests": func(o *routerOptions) {
 			o.router.QueueMaxWait, o.router.QueueMaxRequests = time.Second, 0
+		},
+		"queue max bytes": func(o *routerOptions) {
+			o.router.QueueMaxWait, o.router.QueueMaxBytes = time.Second, o.router.MaxBodyBytes-1
 		},
 	} {
 		o := defaultRouterOptions()
