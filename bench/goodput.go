@@ -81,6 +81,13 @@ type MonitorSpec struct {
 	// SLOPrefillMin and SLOPrefillMax, when positive, are the monitor's
 	// --slo-prefill-range.
 	SLOPrefillMin, SLOPrefillMax uint64
+	// SLOCommittedMin and SLOCommittedMax, when positive, are the
+	// monitor's --slo-committed-range; SLODelayMin and SLODelayMax (ms)
+	// its --slo-delay-range (contract §21: the controller owns the leading
+	// thresholds too). No policy sets them yet: the slo policy runs with
+	// the ranges' defaults.
+	SLOCommittedMin, SLOCommittedMax float64
+	SLODelayMin, SLODelayMax         uint64
 }
 
 // SLOSpec is an SLO of contract §18: latency targets met by a share
@@ -150,7 +157,18 @@ const (
 	PolicyThresholdsBest = "thresholds-best"
 	PolicyQueue          = "queue"
 	PolicySLO            = "slo"
+	PolicyCommitted      = "committed"
 )
+
+// CommittedKV is the committed policy's kv_committed_threshold (contract
+// §21): busy once the blocks its requests would hold at their expected
+// length exceed the cache, no overcommit.
+const CommittedKV = 1.0
+
+// CommittedQueueDelay is the committed policy's queue_delay_threshold_ms
+// for a TTFT target: half of it, leaving the other half to the first
+// token's own prefill and the steps around it.
+func CommittedQueueDelay(ttft time.Duration) uint64 { return uint64(ttft.Milliseconds() / 2) }
 
 // ThresholdsDecode is the `thresholds` policy's KV-cache threshold
 // (contract §16: named, not a version of Dynamo's default).
@@ -209,8 +227,11 @@ func Policies(quick bool) []Policy {
 	sloSpec := thresholds
 	sloSpec.SLO, sloSpec.SLOInterval = &SLOSpec{Percentile: SLOPercentile}, SLOInterval
 	sloSpec.SLOPrefillMin, sloSpec.SLOPrefillMax = SLOPrefillMin, SLOPrefillMax
+	committed := MonitorSpec{}
 	if prof, err := stepengine.LookupProfile(GoodputProfile); err == nil {
 		sloSpec.SLO.TTFT, sloSpec.SLO.ITL = prof.SLO.TTFT, prof.SLO.ITL
+		committed.Thresholds = events.Thresholds{KVCommitted: events.Ptr(CommittedKV),
+			QueueDelayMs: events.Ptr(CommittedQueueDelay(prof.SLO.TTFT))}
 	}
 	return []Policy{
 		{Name: PolicyNone, Routers: []int{1}},
@@ -219,6 +240,7 @@ func Policies(quick bool) []Policy {
 		{Name: PolicyQueue, Routers: []int{1, 3}, Monitor: thresholds,
 			Router: RouterSpec{QueueMaxWait: QueueMaxWait, QueuePace: QueuePace}},
 		{Name: PolicySLO, Routers: []int{1, 3}, Monitor: sloSpec},
+		{Name: PolicyCommitted, Routers: []int{1}, Monitor: committed},
 	}
 }
 
@@ -345,6 +367,10 @@ type GoodputConfig struct {
 	// measuring it (--capacity: to repeat rows against a run's rates;
 	// tests).
 	Capacity float64
+	// CapacityDocuments, when positive, is taken as the capacity for the
+	// documents workload instead of measuring it (--capacity-documents).
+	// It is measured only when a scenario of the run offers documents.
+	CapacityDocuments float64
 	// MaxDrain, when positive, bounds the wait for the requests still in
 	// flight when the arrivals end (tests: those cut count as not good);
 	// 0 waits up to the client's timeout.
@@ -365,9 +391,12 @@ type GoodputConfig struct {
 
 // GoodputResult is contract §16's document.
 type GoodputResult struct {
-	CapacityRPS float64      `json:"capacity_rps"`
-	SLO         SLOms        `json:"slo"`
-	Results     []GoodputRow `json:"results"`
+	CapacityRPS float64 `json:"capacity_rps"`
+	// CapacityDocumentsRPS is the fleet's capacity for documents (contract
+	// §21), 0 when no scenario of the run offers them.
+	CapacityDocumentsRPS float64      `json:"capacity_documents_rps"`
+	SLO                  SLOms        `json:"slo"`
+	Results              []GoodputRow `json:"results"`
 	// Pending lists the policies not measured yet, with why.
 	Pending []Policy `json:"-"`
 	// Policies are the policies of the run, pending or not.
@@ -391,11 +420,16 @@ type SLOms struct {
 // GoodputRow is one scenario under one policy (contract §16). Times in
 // milliseconds; a percentile of nothing is null.
 type GoodputRow struct {
-	Scenario   string   `json:"scenario"`
-	Policy     string   `json:"policy"`
-	Routers    int      `json:"routers"`
-	GoodputRPS float64  `json:"goodput_rps"`
-	GoodputPct float64  `json:"goodput_pct"`
+	Scenario   string  `json:"scenario"`
+	Policy     string  `json:"policy"`
+	Routers    int     `json:"routers"`
+	GoodputRPS float64 `json:"goodput_rps"`
+	GoodputPct float64 `json:"goodput_pct"`
+	// CeilingRPS is the scenario's ceiling (capacities.ceiling): the most
+	// goodput any policy could reach; CeilingPct the row's goodput as a
+	// share of it.
+	CeilingRPS float64  `json:"ceiling_rps"`
+	CeilingPct float64  `json:"ceiling_pct"`
 	TTFTp50    *float64 `json:"ttft_p50_ms"`
 	TTFTp99    *float64 `json:"ttft_p99_ms"`
 	ITLp99     *float64 `json:"itl_p99_ms"`
@@ -431,6 +465,9 @@ type Point struct {
 	T time.Duration
 	// TargetRPS is the offered rate the scenario asks for at T.
 	TargetRPS float64
+	// CeilingRPS is the ceiling over the second: the mean of min(offered
+	// rate, the capacity for the workload offered).
+	CeilingRPS float64
 	// Offered and Good count the requests that arrived in the second:
 	// offered (the measured arrivals), good.
 	Offered, Good int
@@ -483,12 +520,22 @@ func Goodput(ctx context.Context, cfg GoodputConfig) (GoodputResult, error) {
 	g := &goodput{cfg: cfg, slo: slo}
 	cfg.Progress(fmt.Sprintf("%d %s workers; SLO: TTFT ≤ %v, TPOT ≤ %v (the profile's)", GoodputWorkers, GoodputProfile, slo.TTFT, slo.ITL))
 	if res.CapacityRPS = cfg.Capacity; res.CapacityRPS <= 0 {
-		if res.CapacityRPS, err = g.capacity(ctx); err != nil {
+		if res.CapacityRPS, err = g.capacity(ctx, loadgen.WorkloadChat, ChatGuess); err != nil {
 			return res, err
 		}
 	}
 	cfg.Progress(fmt.Sprintf("capacity: %.2f requests/s", res.CapacityRPS))
-	if res.Results, err = g.rows(ctx, res.CapacityRPS); err != nil {
+	caps := capacities{chat: res.CapacityRPS}
+	if needsDocuments(cfg.Scenarios, cfg.Timings.Scenario) {
+		if caps.docs = cfg.CapacityDocuments; caps.docs <= 0 {
+			if caps.docs, err = g.capacity(ctx, loadgen.WorkloadDocuments, DocumentsGuess(res.CapacityRPS)); err != nil {
+				return res, err
+			}
+		}
+		res.CapacityDocumentsRPS = caps.docs
+		cfg.Progress(fmt.Sprintf("capacity for documents: %.2f requests/s", caps.docs))
+	}
+	if res.Results, err = g.rows(ctx, caps); err != nil {
 		return res, err
 	}
 	res.Policies = cfg.Policies
@@ -577,7 +624,7 @@ func (g *goodput) plan() (jobs []*rowJob, groups []rowGroup) {
 // Parallel at a time, and a row is the best of its configurations, each
 // the median of its seeds. A configuration two policies share
 // (thresholds-best off its sweep is thresholds) is measured once.
-func (g *goodput) rows(ctx context.Context, capacity float64) ([]GoodputRow, error) {
+func (g *goodput) rows(ctx context.Context, caps capacities) ([]GoodputRow, error) {
 	jobs, groups := g.plan()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -588,7 +635,7 @@ func (g *goodput) rows(ctx context.Context, capacity float64) ([]GoodputRow, err
 	for range max(1, g.cfg.Parallel) {
 		wg.Go(func() {
 			for j := range next {
-				if err := g.measure(ctx, j, capacity); err != nil {
+				if err := g.measure(ctx, j, caps); err != nil {
 					mu.Lock()
 					errs = append(errs, err)
 					mu.Unlock()
@@ -634,9 +681,10 @@ feed:
 }
 
 // measure runs one job and keeps its row.
-func (g *goodput) measure(ctx context.Context, j *rowJob, capacity float64) error {
+func (g *goodput) measure(ctx context.Context, j *rowJob, caps capacities) error {
 	length := g.cfg.Timings.Scenario
 	g.cfg.Progress(j.label)
+	capacity := caps.chat
 	rate := func(t time.Duration) float64 { return capacity * j.sc.Rate(t, length) }
 	samples, run, err := g.run(ctx, j.router, j.spec, j.routers, j.seed, loadShape{
 		rate:     rate,
@@ -648,12 +696,19 @@ func (g *goodput) measure(ctx context.Context, j *rowJob, capacity float64) erro
 		return err
 	}
 	row := summarize(samples, 0, length, capacity)
+	row.CeilingRPS = caps.ceiling(j.sc, length, 0, length)
+	if row.CeilingRPS > 0 {
+		row.CeilingPct = 100 * row.GoodputRPS / row.CeilingRPS
+	}
 	row.Scenario, row.Policy, row.Routers, row.Retries = j.sc.Name, j.p.Name, j.routers, j.sc.Retries
 	row.Preemptions, row.CPUPct = run.preemptions, run.cpuPct
 	if v := j.spec.Thresholds.ActiveDecodeBlocks; v != nil {
 		row.Decode = *v
 	}
 	row.Series = series(samples, length, rate)
+	for i := range row.Series {
+		row.Series[i].CeilingRPS = caps.ceiling(j.sc, length, row.Series[i].T, min(length, row.Series[i].T+time.Second))
+	}
 	j.row = row
 	g.cfg.Progress(fmt.Sprintf("%s: goodput %.2f/s (%.0f %%), rejected %.0f %%, failed %.0f %%, %.2f attempts a request, TTFT p99 %s, queue wait p99 %s, preemptions %d (set-up %v, drain %v)",
 		j.label, row.GoodputRPS, row.GoodputPct, row.RejectedPct, row.FailedPct, row.AttemptsPerRequest, msText(row.TTFTp99), msText(row.QueueWaitP99), row.Preemptions,
@@ -661,17 +716,76 @@ func (g *goodput) measure(ctx context.Context, j *rowJob, capacity float64) erro
 	return nil
 }
 
-// capacity bisects, under policy none with one router and the chat
-// workload, to the highest constant rate at which CapacityGoodFraction of
-// the requests offered in the measured window are good.
-func (g *goodput) capacity(ctx context.Context) (float64, error) {
+// ChatGuess is the chat capacity's bisection's first guess, from the
+// profile's closed-loop figure (docs/sim.md): about 2.5 chat requests/s a
+// worker.
+const ChatGuess = 2.5 * GoodputWorkers
+
+// DocumentsGuess is the documents capacity's bisection's first guess
+// (contract §21): the chat capacity × the mean tokens of a chat request ÷
+// those of a documents request (prompt and output, the ranges' midpoints).
+func DocumentsGuess(chat float64) float64 {
+	mean := func(w loadgen.Workload) float64 {
+		l, _ := w.Lengths()
+		return float64(l.PromptMin+l.PromptMax+l.OutputMin+l.OutputMax) / 2
+	}
+	return chat * mean(loadgen.WorkloadChat) / mean(loadgen.WorkloadDocuments)
+}
+
+// capacities are the fleet's capacities per workload, requests/s.
+type capacities struct{ chat, docs float64 }
+
+// of returns the capacity for w.
+func (c capacities) of(w loadgen.Workload) float64 {
+	if w == loadgen.WorkloadDocuments {
+		return c.docs
+	}
+	return c.chat
+}
+
+// ceilingStep is the step of the ceiling's integral.
+const ceilingStep = 10 * time.Millisecond
+
+// ceiling is what any policy could reach of sc over [from, to) of a
+// scenario of length (contract §21): the mean over that time of min(the
+// offered rate, the capacity for the workload offered), so a scenario's
+// ceiling is the sum over its phases of min(offered, that phase's
+// capacity), as a rate. 0 when to ≤ from.
+func (c capacities) ceiling(sc Scenario, length, from, to time.Duration) float64 {
+	if to <= from {
+		return 0
+	}
+	sum, n := 0.0, 0
+	for t := from + ceilingStep/2; t < to; t += ceilingStep {
+		sum += min(c.chat*sc.Rate(t, length), c.of(sc.Workload(t, length)))
+		n++
+	}
+	return sum / float64(max(n, 1))
+}
+
+// needsDocuments reports whether a scenario of scs offers documents over
+// a length.
+func needsDocuments(scs []Scenario, length time.Duration) bool {
+	for _, sc := range scs {
+		for t := time.Duration(0); t < length; t += ceilingStep {
+			if sc.Workload(t, length) == loadgen.WorkloadDocuments {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// capacity bisects, under policy none with one router and workload w,
+// from guess, to the highest constant rate at which CapacityGoodFraction
+// of the requests offered in the measured window are good.
+func (g *goodput) capacity(ctx context.Context, w loadgen.Workload, guess float64) (float64, error) {
 	t := g.cfg.Timings
-	none := Policy{Name: PolicyNone}
 	trial := func(rate float64) (bool, error) {
-		g.cfg.Progress(fmt.Sprintf("capacity: %.2f requests/s for %v after %v", rate, t.Measure, t.Warmup))
-		samples, _, err := g.run(ctx, none.Router, MonitorSpec{}, 1, g.cfg.Seed, loadShape{
+		g.cfg.Progress(fmt.Sprintf("capacity (%s): %.2f requests/s for %v after %v", w, rate, t.Measure, t.Warmup))
+		samples, _, err := g.run(ctx, RouterSpec{}, MonitorSpec{}, 1, g.cfg.Seed, loadShape{
 			rate:     func(time.Duration) float64 { return rate },
-			workload: func(time.Duration) loadgen.Workload { return loadgen.WorkloadChat },
+			workload: func(time.Duration) loadgen.Workload { return w },
 			length:   t.Warmup + t.Measure,
 		})
 		if err != nil {
@@ -690,9 +804,7 @@ func (g *goodput) capacity(ctx context.Context) (float64, error) {
 		g.cfg.Progress(fmt.Sprintf("  %d of %d good (%.1f %%)", good, offered, 100*frac))
 		return offered > 0 && frac >= CapacityGoodFraction, nil
 	}
-	// A first guess from the profile's closed-loop figure (docs/sim.md):
-	// about 2.5 chat requests/s a worker.
-	return bisect(trial, 2.5*GoodputWorkers)
+	return bisect(trial, guess)
 }
 
 // bisect finds, from a first guess r, the highest rate at which trial
@@ -893,6 +1005,7 @@ func median(rows []GoodputRow) GoodputRow {
 	}
 	out.GoodputRPS = f(func(r GoodputRow) float64 { return r.GoodputRPS })
 	out.GoodputPct = f(func(r GoodputRow) float64 { return r.GoodputPct })
+	out.CeilingPct = f(func(r GoodputRow) float64 { return r.CeilingPct })
 	out.RejectedPct = f(func(r GoodputRow) float64 { return r.RejectedPct })
 	out.FailedPct = f(func(r GoodputRow) float64 { return r.FailedPct })
 	out.AttemptsPerRequest = f(func(r GoodputRow) float64 { return r.AttemptsPerRequest })
@@ -907,26 +1020,36 @@ func median(rows []GoodputRow) GoodputRow {
 
 // rounded returns row with its rates and shares to 0.01.
 func rounded(row GoodputRow) GoodputRow {
-	for _, v := range []*float64{&row.GoodputRPS, &row.GoodputPct, &row.RejectedPct, &row.FailedPct, &row.CPUPct} {
+	for _, v := range []*float64{&row.GoodputRPS, &row.GoodputPct, &row.CeilingRPS, &row.CeilingPct, &row.RejectedPct, &row.FailedPct, &row.CPUPct} {
 		*v = math.Round(*v*100) / 100
 	}
 	row.AttemptsPerRequest = math.Round(row.AttemptsPerRequest*1000) / 1000
 	return row
 }
 
-// thresholdsText names a policy's thresholds.
+// thresholdsText names a policy's thresholds (and tells the
+// configurations of the rows apart).
 func thresholdsText(t events.Thresholds) string {
-	if t.ActiveDecodeBlocks == nil && t.ActivePrefillTokens == nil && t.ActivePrefillTokensFrac == nil {
-		return "no thresholds"
-	}
-	s := ""
+	var parts []string
 	if t.ActiveDecodeBlocks != nil {
-		s = "decode " + strconv.FormatFloat(*t.ActiveDecodeBlocks, 'g', -1, 64)
+		parts = append(parts, "decode "+strconv.FormatFloat(*t.ActiveDecodeBlocks, 'g', -1, 64))
 	}
 	if t.ActivePrefillTokens != nil {
-		s += " prefill " + strconv.FormatUint(*t.ActivePrefillTokens, 10)
+		parts = append(parts, "prefill "+strconv.FormatUint(*t.ActivePrefillTokens, 10))
 	}
-	return s
+	if t.ActivePrefillTokensFrac != nil {
+		parts = append(parts, "prefill frac "+strconv.FormatFloat(*t.ActivePrefillTokensFrac, 'g', -1, 64))
+	}
+	if t.KVCommitted != nil {
+		parts = append(parts, "kv committed "+strconv.FormatFloat(*t.KVCommitted, 'g', -1, 64))
+	}
+	if t.QueueDelayMs != nil {
+		parts = append(parts, "queue delay "+strconv.FormatUint(*t.QueueDelayMs, 10)+" ms")
+	}
+	if len(parts) == 0 {
+		return "no thresholds"
+	}
+	return strings.Join(parts, " ")
 }
 
 // fleetConfig is the benchmark's fleet on natsURL.

@@ -93,8 +93,12 @@ td:first-child,th:first-child,td:nth-child(2),th:nth-child(2){text-align:left}
 .verdict{max-width:60em}
 </style></head><body>
 `)
-	fmt.Fprintf(&b, "<h1>workermon bench goodput</h1>\n<p>%d simulated workers, engine profile <code>%s</code>; SLO: TTFT ≤ %g ms, TPOT ≤ %g ms; capacity %.2f requests/s; scenarios of %v; seed %d",
-		r.Workers, html.EscapeString(r.Profile), r.SLO.TTFT, r.SLO.ITL, r.CapacityRPS, r.Scenario, r.Seed)
+	fmt.Fprintf(&b, "<h1>workermon bench goodput</h1>\n<p>%d simulated workers, engine profile <code>%s</code>; SLO: TTFT ≤ %g ms, TPOT ≤ %g ms; capacity %.2f requests/s",
+		r.Workers, html.EscapeString(r.Profile), r.SLO.TTFT, r.SLO.ITL, r.CapacityRPS)
+	if r.CapacityDocumentsRPS > 0 {
+		fmt.Fprintf(&b, " (documents: %.2f requests/s)", r.CapacityDocumentsRPS)
+	}
+	fmt.Fprintf(&b, "; scenarios of %v; seed %d", r.Scenario, r.Seed)
 	if r.Seeds > 1 {
 		fmt.Fprintf(&b, ", medians of %d seeds (the charts: the first seed)", r.Seeds)
 	}
@@ -108,7 +112,8 @@ td:first-child,th:first-child,td:nth-child(2),th:nth-child(2){text-align:left}
 		}
 	}
 	b.WriteString("<p>Lines: the offered load is the requests that arrived in each second (measured, not the scenario's target); " +
-		"goodput counts the good requests by the second they arrived, so it never exceeds it. Each policy has its own colour and dash. " +
+		"goodput counts the good requests by the second they arrived, so it never exceeds it. The ceiling (black, dotted) is what any policy could reach: "+
+		"min(the offered rate, the fleet's capacity for the workload offered) at each moment. Each policy has its own colour and dash. " +
 		"A TTFT line carries its last value through a second in which the policy served no request (no TTFT was measured) and marks that second with an open circle. " +
 		"Host CPU is the whole machine's use over the row, not the benchmark's alone.</p>\n")
 	styles := RowStyles(r.Results)
@@ -129,13 +134,20 @@ td:first-child,th:first-child,td:nth-child(2),th:nth-child(2){text-align:left}
 		fmt.Fprintf(&b, "<p class=\"verdict\">%s</p>\n", html.EscapeString(Verdict(rows)))
 		b.WriteString("<div class=\"legend\">")
 		b.WriteString(legendItem("offered (measured arrivals)", Style{offeredColor, ""}, 3))
+		if len(rows) > 0 && rows[0].CeilingRPS > 0 {
+			b.WriteString(legendItem(fmt.Sprintf("ceiling (%.2f/s over the scenario)", rows[0].CeilingRPS), Style{ceilingColor, ceilingDash}, 1.8))
+		}
 		for _, row := range rows {
 			b.WriteString(legendItem(rowName(row), styles[rowName(row)], 1.6))
 		}
 		b.WriteString("</div>\n<div class=\"charts\">\n")
 		offered := referenceLine("offered", "offered (measured arrivals)", rows, func(p Point) float64 { return float64(p.Offered) }, Style{offeredColor, ""}, 3)
-		b.WriteString(chart("requests/s: offered (grey: the measured arrivals) and goodput, 3 s averages",
-			append([]line{offered}, policyLines(rows, styles, func(p Point) float64 { return float64(p.Good) }, true, false)...), nil))
+		reqs := []line{offered}
+		if len(rows) > 0 && rows[0].CeilingRPS > 0 {
+			reqs = append(reqs, referenceLine("ceiling", "ceiling", rows, func(p Point) float64 { return p.CeilingRPS }, Style{ceilingColor, ceilingDash}, 1.8))
+		}
+		b.WriteString(chart("requests/s: offered (grey: the measured arrivals), the ceiling (black, dotted) and goodput, 3 s averages",
+			append(reqs, policyLines(rows, styles, func(p Point) float64 { return float64(p.Good) }, true, false)...), nil))
 		slo := r.SLO.TTFT
 		b.WriteString(chart("TTFT p99 of each second, ms (dashed: the SLO; ○: no request served that second, the last value carried)",
 			policyLines(rows, styles, func(p Point) float64 { return p.TTFTp99 }, false, true), &slo))
@@ -145,10 +157,10 @@ td:first-child,th:first-child,td:nth-child(2),th:nth-child(2){text-align:left}
 			b.WriteString(chart("attempts/s (first sends and retries) beside the offered arrivals (grey), 3 s averages",
 				append([]line{offered}, policyLines(rows, styles, func(p Point) float64 { return float64(p.Attempts) }, true, false)...), nil))
 		}
-		b.WriteString("</div>\n<table><tr><th>policy</th><th>routers</th><th>goodput/s</th><th>% of capacity</th><th>TTFT p50</th><th>TTFT p99</th><th>TPOT p99</th><th>rejected</th><th>failed</th><th>attempts/request</th><th>queue wait p99</th><th>preemptions</th><th>host CPU</th></tr>\n")
+		b.WriteString("</div>\n<table><tr><th>policy</th><th>routers</th><th>goodput/s</th><th>% of capacity</th><th>% of ceiling</th><th>TTFT p50</th><th>TTFT p99</th><th>TPOT p99</th><th>rejected</th><th>failed</th><th>attempts/request</th><th>queue wait p99</th><th>preemptions</th><th>host CPU</th></tr>\n")
 		for _, row := range rows {
-			fmt.Fprintf(&b, "<tr><td>%s</td><td>%d</td><td>%.2f</td><td>%.0f %%</td><td>%s</td><td>%s</td><td>%s</td><td>%.1f %%</td><td>%.1f %%</td><td>%.2f</td><td>%s</td><td>%d</td><td>%.0f %%</td></tr>\n",
-				html.EscapeString(rowName(row)), row.Routers, row.GoodputRPS, row.GoodputPct, msText(row.TTFTp50), msText(row.TTFTp99),
+			fmt.Fprintf(&b, "<tr><td>%s</td><td>%d</td><td>%.2f</td><td>%.0f %%</td><td>%.0f %%</td><td>%s</td><td>%s</td><td>%s</td><td>%.1f %%</td><td>%.1f %%</td><td>%.2f</td><td>%s</td><td>%d</td><td>%.0f %%</td></tr>\n",
+				html.EscapeString(rowName(row)), row.Routers, row.GoodputRPS, row.GoodputPct, row.CeilingPct, msText(row.TTFTp50), msText(row.TTFTp99),
 				msText(row.ITLp99), row.RejectedPct, row.FailedPct, row.AttemptsPerRequest, msText(row.QueueWaitP99), row.Preemptions, row.CPUPct)
 		}
 		b.WriteString("</table>\n</section>\n")
@@ -177,7 +189,11 @@ func Verdict(rows []GoodputRow) string {
 		return cmpDesc(float64(b.Preemptions), float64(a.Preemptions))
 	})
 	w := order[0]
-	s := fmt.Sprintf("Winner: %s, with %.2f good requests/s (%.0f %% of capacity)", rowName(w), w.GoodputRPS, w.GoodputPct)
+	s := fmt.Sprintf("Winner: %s, with %.2f good requests/s (%.0f %% of capacity", rowName(w), w.GoodputRPS, w.GoodputPct)
+	if w.CeilingRPS > 0 {
+		s += fmt.Sprintf(", %.0f %% of the ceiling", w.CeilingPct)
+	}
+	s += ")"
 	if len(order) == 1 {
 		return s + "."
 	}

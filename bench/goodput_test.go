@@ -79,8 +79,18 @@ func TestPlan(t *testing.T) {
 		rows[grp.p.Name]++
 	}
 	// 4 scenarios; thresholds-best on 3; queue and slo with 1 and 3 routers.
-	if rows[PolicyNone] != 4 || rows[PolicyThresholds] != 4 || rows[PolicyThresholdsBest] != 3 || rows[PolicyQueue] != 8 || rows[PolicySLO] != 8 {
+	if rows[PolicyNone] != 4 || rows[PolicyThresholds] != 4 || rows[PolicyThresholdsBest] != 3 || rows[PolicyQueue] != 8 || rows[PolicySLO] != 8 ||
+		rows[PolicyCommitted] != 4 {
 		t.Errorf("rows per policy %v", rows)
+	}
+	// Each configuration is measured apart: committed has no decode or
+	// prefill threshold, like none, and must not share none's rows.
+	keys := map[string]string{}
+	for _, j := range jobs {
+		if p, ok := keys[j.key]; ok && p != j.p.Name {
+			t.Errorf("%s and %s share the configuration %s", p, j.p.Name, j.key)
+		}
+		keys[j.key] = j.p.Name
 	}
 	seeds := map[uint64]int{}
 	for _, j := range jobs {
@@ -99,9 +109,9 @@ func TestPlan(t *testing.T) {
 			t.Errorf("%s: routers wait %v, want %v", j.label, j.router.QueueMaxWait, want)
 		}
 	}
-	// Per seed: 4 × (none, thresholds, queue ×2, slo ×2) + 3 × the sweep's 3.
-	if seeds[5] != 33 || seeds[6] != 33 || len(seeds) != 2 {
-		t.Errorf("jobs per seed %v, want 33 for seeds 5 and 6", seeds)
+	// Per seed: 4 × (none, thresholds, queue ×2, slo ×2, committed) + 3 × the sweep's 3.
+	if seeds[5] != 37 || seeds[6] != 37 || len(seeds) != 2 {
+		t.Errorf("jobs per seed %v, want 37 for seeds 5 and 6", seeds)
 	}
 }
 
@@ -131,7 +141,7 @@ func TestLoadConfig(t *testing.T) {
 func TestPolicies(t *testing.T) {
 	t.Parallel()
 	full, quick := Policies(false), Policies(true)
-	names := []string{PolicyNone, PolicyThresholds, PolicyThresholdsBest, PolicyQueue, PolicySLO}
+	names := []string{PolicyNone, PolicyThresholds, PolicyThresholdsBest, PolicyQueue, PolicySLO, PolicyCommitted}
 	if len(full) != len(names) {
 		t.Fatalf("%d policies, want %d", len(full), len(names))
 	}
@@ -156,7 +166,7 @@ func TestPolicies(t *testing.T) {
 	if on := quick[2].OnlyOn; len(on) != 2 || on[0] != ScenarioRamp || on[1] != ScenarioShift {
 		t.Errorf("--quick thresholds-best on %v, want ramp and shift", on)
 	}
-	for _, p := range full[3:] {
+	for _, p := range full[3:5] {
 		if len(p.Routers) != 2 || p.Routers[0] != 1 || p.Routers[1] != 3 || p.Sweep != nil || p.OnlyOn != nil {
 			t.Errorf("%s: routers %v, sweep %v, only on %v; want 1 and 3 routers on every scenario", p.Name, p.Routers, p.Sweep, p.OnlyOn)
 		}
@@ -185,6 +195,68 @@ func TestPolicies(t *testing.T) {
 	if sloP.Monitor.SLOInterval <= 0 || sloP.Router.QueueMaxWait != 0 {
 		t.Errorf("slo: interval %v, queue %v", sloP.Monitor.SLOInterval, sloP.Router.QueueMaxWait)
 	}
+	// Contract §21: committed runs kv_committed_threshold 1.0 and
+	// queue_delay_threshold_ms half the TTFT target, no KV or prefill
+	// check, 1 router, no queue or SLO.
+	c := full[5]
+	th := c.Monitor.Thresholds
+	if th.KVCommitted == nil || *th.KVCommitted != 1 || th.QueueDelayMs == nil || *th.QueueDelayMs != uint64(prof.SLO.TTFT.Milliseconds()/2) ||
+		th.ActiveDecodeBlocks != nil || th.ActivePrefillTokens != nil || th.ActivePrefillTokensFrac != nil {
+		t.Errorf("committed's thresholds %s; want kv committed 1, queue delay %d ms, nothing else", thresholdsText(th), prof.SLO.TTFT.Milliseconds()/2)
+	}
+	if !slices.Equal(c.Routers, []int{1}) || c.Monitor.SLO != nil || c.Router.QueueMaxWait != 0 || c.OnlyOn != nil || c.Sweep != nil {
+		t.Errorf("committed: %+v; want 1 router on every scenario, no queue, no SLO", c)
+	}
+	if got := PolicySettings(c); got != "serve --kv-committed-threshold 1 --queue-delay-threshold-ms 500 (no KV or prefill check)" {
+		t.Errorf("committed's settings %q", got)
+	}
+}
+
+// TestCeiling: a scenario's ceiling is the mean of min(offered, the
+// capacity for the workload offered), so the sum over its phases; the
+// documents capacity's first guess scales the chat capacity by the mean
+// tokens of a request.
+func TestCeiling(t *testing.T) {
+	t.Parallel()
+	const length = 30 * time.Second
+	caps := capacities{chat: 10, docs: 1}
+	by := map[string]Scenario{}
+	for _, sc := range Scenarios() {
+		by[sc.Name] = sc
+	}
+	for _, c := range []struct {
+		name string
+		want float64
+	}{
+		// 50 % → 250 % → 50 %: under the capacity for the first and last
+		// eighth (mean 75 %), at it the rest.
+		{ScenarioRamp, 10 * (0.25*0.75 + 0.75)},
+		// 70 % for 8 s of 10, capped at 100 % for the 2 s of 700 %.
+		{ScenarioBurst, 0.8*7 + 0.2*10},
+		// 70 % of chat for the first half, the documents capacity (1 < 7)
+		// for the second.
+		{ScenarioShift, (7 + 1) / 2.0},
+		// 40 % for 9 s of 10, capped at 100 % for the 1 s of 200 %.
+		{ScenarioSpike, 0.9*4 + 0.1*10},
+	} {
+		if got := caps.ceiling(by[c.name], length, 0, length); math.Abs(got-c.want) > 0.01 {
+			t.Errorf("%s: ceiling %v, want %v", c.name, got, c.want)
+		}
+	}
+	if got := caps.ceiling(by[ScenarioSpike], length, 5*time.Second, 6*time.Second); math.Abs(got-10) > 1e-9 {
+		t.Errorf("spike's ceiling over its spike second: %v, want the capacity 10", got)
+	}
+	if got := caps.ceiling(by[ScenarioShift], length, 20*time.Second, 21*time.Second); math.Abs(got-1) > 1e-9 {
+		t.Errorf("shift's ceiling in its documents half: %v, want 1", got)
+	}
+	if !needsDocuments([]Scenario{by[ScenarioRamp], by[ScenarioShift]}, length) ||
+		needsDocuments([]Scenario{by[ScenarioRamp], by[ScenarioBurst], by[ScenarioSpike]}, length) {
+		t.Error("needsDocuments: want true exactly with shift")
+	}
+	// chat: 320 + 160 tokens on average; documents: 4096 + 160.
+	if got, want := DocumentsGuess(12.5), 12.5*480/4256; math.Abs(got-want) > 1e-9 {
+		t.Errorf("DocumentsGuess(12.5) = %v, want %v", got, want)
+	}
 }
 
 // TestSelect: --policies and --scenarios keep the order of the results and
@@ -195,8 +267,8 @@ func TestSelect(t *testing.T) {
 	if err != nil || len(ps) != 2 || ps[0].Name != PolicyThresholdsBest || ps[1].Name != PolicySLO {
 		t.Errorf("select slo, thresholds-best: %v %v", ps, err)
 	}
-	if all, err := SelectPolicies(false, nil); err != nil || len(all) != 5 {
-		t.Errorf("select nothing: %d policies, %v; want all 5", len(all), err)
+	if all, err := SelectPolicies(false, nil); err != nil || len(all) != 6 {
+		t.Errorf("select nothing: %d policies, %v; want all 6", len(all), err)
 	}
 	if _, err := SelectPolicies(false, []string{"queue", "fifo"}); err == nil || !strings.Contains(err.Error(), `"fifo"`) {
 		t.Errorf("an unknown policy: %v", err)
@@ -403,8 +475,17 @@ func TestReportLines(t *testing.T) {
 			r.Results = append(r.Results, row)
 		}
 	}
+	for i := range r.Results {
+		r.Results[i].CeilingRPS = 5
+		for j := range r.Results[i].Series {
+			r.Results[i].Series[j].CeilingRPS = 5
+		}
+	}
 	page := ReportHTML(r)
 	lines := chartPaths(t, page, "requests/s")
+	if c, ok := lines["ceiling"]; !ok || c.class != "ceiling" || c.dash == "" || len(c.ys) != 6 || c.ys[0] != c.ys[5] {
+		t.Errorf("the ceiling line: %+v; want a dotted level line over the 6 seconds", c)
+	}
 	offered, ok := lines["offered (measured arrivals)"]
 	if !ok || offered.class != "offered" {
 		t.Fatalf("no offered line in %v", lines)

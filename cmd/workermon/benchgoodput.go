@@ -28,6 +28,7 @@ type benchGoodputOptions struct {
 	policies  string
 	scenarios string
 	capacity  float64
+	capDocs   float64
 	parallel  int
 	log       logOptions
 }
@@ -38,10 +39,11 @@ func (o *benchGoodputOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.reportDir, "report", "", "directory to write report.html to: offered load, goodput, TTFT p99, rejections and (where clients retry) attempts over time, per scenario and policy")
 	fs.IntVar(&o.seeds, "seeds", 1, "run each row this many times (seeds --seed, --seed+1, ...) and report the medians")
 	fs.Uint64Var(&o.seed, "seed", wmbench.DefaultGoodputSeed, "seed of the Poisson arrivals and of the requests' lengths")
-	fs.StringVar(&o.policies, "policies", "", "run only these policies, comma-separated (none, thresholds, thresholds-best, queue, slo; default all)")
+	fs.StringVar(&o.policies, "policies", "", "run only these policies, comma-separated (none, thresholds, thresholds-best, queue, slo, committed; default all)")
 	fs.StringVar(&o.scenarios, "scenarios", "", "run only these scenarios, comma-separated (ramp, burst, shift, spike; default all)")
 	fs.IntVar(&o.parallel, "parallel", wmbench.DefaultParallel, "rows measured at once, each with its own monitor, fleet and routers (the capacity's trials run one at a time)")
 	fs.Float64Var(&o.capacity, "capacity", 0, "take this capacity (requests/s) instead of measuring it, e.g. a full run's, to repeat some rows (0: measure it)")
+	fs.Float64Var(&o.capDocs, "capacity-documents", 0, "take this capacity for the documents workload (requests/s) instead of measuring it (0: measure it when a scenario offers documents, from the chat capacity × 480 ÷ 4256 tokens)")
 	o.log.flags(fs)
 }
 
@@ -61,6 +63,9 @@ func runBenchGoodput(ctx context.Context, args []string, stdout, stderr io.Write
 	if !(o.capacity >= 0) || math.IsInf(o.capacity, 0) {
 		err = errors.Join(err, fmt.Errorf("%w: --capacity %v must be a positive rate, or 0 to measure it", errUsage, o.capacity))
 	}
+	if !(o.capDocs >= 0) || math.IsInf(o.capDocs, 0) {
+		err = errors.Join(err, fmt.Errorf("%w: --capacity-documents %v must be a positive rate, or 0 to measure it", errUsage, o.capDocs))
+	}
 	policies, perr := wmbench.SelectPolicies(o.quick, splitList(o.policies))
 	if perr != nil {
 		err = errors.Join(err, fmt.Errorf("%w: --policies: %w", errUsage, perr))
@@ -74,7 +79,7 @@ func runBenchGoodput(ctx context.Context, args []string, stdout, stderr io.Write
 	}
 	res, err := wmbench.Goodput(ctx, wmbench.GoodputConfig{
 		Stack: goodputStack{log: log}, Quick: o.quick, Seeds: o.seeds, Seed: o.seed, Log: log,
-		Policies: policies, Scenarios: scenarios, Capacity: o.capacity, Parallel: o.parallel,
+		Policies: policies, Scenarios: scenarios, Capacity: o.capacity, CapacityDocuments: o.capDocs, Parallel: o.parallel,
 		Progress: func(msg string) { fmt.Fprintf(stderr, "bench: %s\n", msg) },
 	})
 	if err != nil {

@@ -83,8 +83,9 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 		}
 	}
 	want := []rowID{{"ramp", "none", 1}, {"ramp", "thresholds", 1}, {"ramp", "thresholds-best", 1}, {"ramp", "queue", 1}, {"ramp", "queue", 3},
-		{"ramp", "slo", 1}, {"ramp", "slo", 3},
-		{"spike", "none", 1}, {"spike", "thresholds", 1}, {"spike", "queue", 1}, {"spike", "queue", 3}, {"spike", "slo", 1}, {"spike", "slo", 3}}
+		{"ramp", "slo", 1}, {"ramp", "slo", 3}, {"ramp", "committed", 1},
+		{"spike", "none", 1}, {"spike", "thresholds", 1}, {"spike", "queue", 1}, {"spike", "queue", 3}, {"spike", "slo", 1}, {"spike", "slo", 3},
+		{"spike", "committed", 1}}
 	if !slices.Equal(ids, want) {
 		t.Errorf("rows %v, want %v", ids, want)
 	}
@@ -94,8 +95,16 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 	// What the monitors and routers of each row ran with.
 	stack.mu.Lock()
 	defer stack.mu.Unlock()
-	sloMonitors, queueRouters := 0, 0
+	sloMonitors, queueRouters, committedMonitors := 0, 0, 0
 	for _, m := range stack.monitors {
+		if m.spec.Thresholds.KVCommitted != nil {
+			// committed: the monitor runs the leading thresholds alone.
+			committedMonitors++
+			th := m.thresholds
+			if th.KVCommitted == nil || *th.KVCommitted != 1 || th.QueueDelayMs == nil || *th.QueueDelayMs != 500 || th.ActiveDecodeBlocks != nil {
+				t.Errorf("a committed monitor's thresholds: %+v; want kv_committed 1, queue delay 500 ms, no decode threshold", th)
+			}
+		}
 		if m.spec.SLO == nil {
 			if m.sloStatus != http.StatusNotFound {
 				t.Errorf("a monitor without an SLO answered GET /slo?model= with %d, want 404", m.sloStatus)
@@ -123,6 +132,9 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 			t.Errorf("a router of another policy has its queue on")
 		}
 	}
+	if committedMonitors != 2 {
+		t.Errorf("%d monitors with the committed thresholds, want 2", committedMonitors)
+	}
 	if sloMonitors != 4 || queueRouters != 8 {
 		t.Errorf("%d monitors with an SLO, %d routers with a queue; want 4 (slo, 1 and 3 routers, 2 scenarios) and 8 (queue: 1 + 3, twice)", sloMonitors, queueRouters)
 	}
@@ -146,22 +158,28 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 		slices.Sort(k)
 		return k
 	}
-	if got, want := keys(doc), []string{"capacity_rps", "results", "slo"}; !slices.Equal(got, want) {
+	if got, want := keys(doc), []string{"capacity_documents_rps", "capacity_rps", "results", "slo"}; !slices.Equal(got, want) {
 		t.Errorf("document keys %v, want %v", got, want)
 	}
 	if got, want := keys(doc["slo"].(map[string]any)), []string{"itl_ms", "ttft_ms"}; !slices.Equal(got, want) {
 		t.Errorf("slo keys %v, want %v", got, want)
 	}
 	rows := doc["results"].([]any)
-	if len(rows) != 13 {
-		t.Fatalf("%d results, want 13", len(rows))
+	if len(rows) != 15 {
+		t.Fatalf("%d results, want 15", len(rows))
 	}
-	keysWant := []string{"attempts_per_request", "cpu_pct", "failed_pct", "goodput_pct", "goodput_rps", "itl_p99_ms", "policy", "preemptions", "queue_wait_p99_ms",
+	keysWant := []string{"attempts_per_request", "ceiling_pct", "ceiling_rps", "cpu_pct", "failed_pct", "goodput_pct", "goodput_rps", "itl_p99_ms", "policy", "preemptions", "queue_wait_p99_ms",
 		"rejected_pct", "routers", "scenario", "ttft_p50_ms", "ttft_p99_ms"}
 	for _, r := range rows {
 		row := r.(map[string]any)
 		if got := keys(row); !slices.Equal(got, keysWant) {
 			t.Errorf("row keys %v, want %v", got, keysWant)
+		}
+		// Ramp's ceiling at a chat capacity of 40: 50 % → 250 % → 50 %,
+		// under the capacity for its first and last eighth: 37.5; spike's
+		// at 40 % of it, 200 % in its first 2 s: 16.
+		if c := row["ceiling_rps"]; !(row["scenario"] == "ramp" && c == 37.5 || row["scenario"] == "spike" && c == 16.0) {
+			t.Errorf("%s: ceiling %v", row["scenario"], c)
 		}
 		if _, isNum := row["queue_wait_p99_ms"].(float64); isNum != (row["policy"] == wmbench.PolicyQueue) {
 			t.Errorf("%s: queue_wait_p99_ms %v, want a number for queue only, else null", row["policy"], row["queue_wait_p99_ms"])
@@ -171,7 +189,7 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 	var table bytes.Buffer
 	wmbench.PrintGoodput(&table, res)
 	for _, s := range []string{"SLO (the profile's): TTFT ≤ 1000 ms, TPOT ≤ 50 ms", "capacity", "thresholds-best (",
-		"queue: ", "slo: "} {
+		"queue: ", "slo: ", "committed: serve --kv-committed-threshold 1 --queue-delay-threshold-ms 500", "ceilings", "ramp 37.50/s", "% of ceil.", "host CPU"} {
 		if !strings.Contains(table.String(), s) {
 			t.Errorf("the table lacks %q:\n%s", s, table.String())
 		}
@@ -220,11 +238,11 @@ func TestBenchGoodputReportInBrowser(t *testing.T) {
 	for _, sc := range wmbench.Scenarios() {
 		for i, policy := range []string{"none", "thresholds", "thresholds-best"} {
 			row := wmbench.GoodputRow{Scenario: sc.Name, Policy: policy, Routers: 1, Decode: 0.75, Retries: sc.Retries,
-				GoodputRPS: 8 - float64(i)}
+				GoodputRPS: 8 - float64(i), CeilingRPS: 9}
 			for s := range 30 {
 				at := time.Duration(s) * time.Second
 				offered := 10 * sc.Rate(at, 30*time.Second)
-				pt := wmbench.Point{T: at, TargetRPS: offered, Offered: int(offered), Attempts: int(offered) + int(max(0, offered-10))*i,
+				pt := wmbench.Point{T: at, TargetRPS: offered, Offered: int(offered), CeilingRPS: min(offered, 10), Attempts: int(offered) + int(max(0, offered-10))*i,
 					Good: int(min(offered, 10-float64(i))), Rejected: int(max(0, offered-10)) * i, TTFTp99: 200 + 400*float64(i)*offered}
 				if s%7 == 3 {
 					pt.TTFTp99 = math.NaN()
@@ -242,8 +260,8 @@ func TestBenchGoodputReportInBrowser(t *testing.T) {
 	b.poll("14 charts are drawn", `document.querySelectorAll('section.scenario svg.chart').length === 14`, 10*time.Second)
 	b.poll("each chart has its lines", `[...document.querySelectorAll('svg.chart')].every(s =>
 		s.querySelectorAll('path.series').length >= 3 && s.getBoundingClientRect().width > 100)`, 5*time.Second)
-	b.poll("the requests/s charts show the offered load and 3 policies", `[...document.querySelectorAll('section.scenario')].every(s =>
-		s.querySelector('svg.chart').querySelectorAll('path.series').length === 4)`, 5*time.Second)
+	b.poll("the requests/s charts show the offered load, the ceiling and 3 policies", `[...document.querySelectorAll('section.scenario')].every(s =>
+		s.querySelector('svg.chart').querySelectorAll('path.series').length === 5 && s.querySelector('svg.chart path.series.ceiling'))`, 5*time.Second)
 	b.poll("each policy has its own dash", `[...document.querySelectorAll('svg.chart')].every(s =>
 		new Set([...s.querySelectorAll('path.series.policy')].map(p => p.getAttribute('stroke-dasharray') || 'solid')).size === 3)`, 5*time.Second)
 	b.poll("the TTFT lines carry through seconds without a value, marked", `[...document.querySelectorAll('section.scenario')].every(s =>
@@ -281,10 +299,11 @@ type inspectingStack struct {
 
 type inspectedMonitor struct {
 	*goodputMonitor
-	stack     *inspectingStack
-	spec      wmbench.MonitorSpec
-	sloStatus int
-	slo       api.SLOReply
+	stack      *inspectingStack
+	spec       wmbench.MonitorSpec
+	sloStatus  int
+	slo        api.SLOReply
+	thresholds events.Thresholds // the model's, as the monitor states them
 }
 
 type inspectedRouter struct {
@@ -319,6 +338,13 @@ func (m *inspectedMonitor) Close(ctx context.Context) error {
 		m.sloStatus = resp.StatusCode
 		err = json.NewDecoder(resp.Body).Decode(&m.slo)
 		resp.Body.Close()
+	}
+	if c, cerr := api.NewClient("http://"+m.svc.httpAddr, "", nil); cerr != nil {
+		err = errors.Join(err, cerr)
+	} else if th, terr := c.ThresholdsOf(ctx, wmbench.GoodputModel); terr != nil {
+		err = errors.Join(err, terr)
+	} else {
+		m.thresholds = th.Thresholds
 	}
 	m.stack.mu.Lock()
 	m.stack.monitors = append(m.stack.monitors, m)
