@@ -112,7 +112,7 @@ td:first-child,th:first-child,td:nth-child(2),th:nth-child(2){text-align:left}
 		}
 	}
 	b.WriteString("<p>Lines: the offered load is the requests that arrived in each second (measured, not the scenario's target); " +
-		"goodput counts the good requests by the second they arrived, so it never exceeds it. The ceiling (black, dotted) is what any policy could reach: "+
+		"goodput counts the good requests by the second they arrived, so it never exceeds it. The ceiling (black, dotted) is what any policy could reach: " +
 		"min(the offered rate, the fleet's capacity for the workload offered) at each moment. Each policy has its own colour and dash. " +
 		"A TTFT line carries its last value through a second in which the policy served no request (no TTFT was measured) and marks that second with an open circle. " +
 		"Host CPU is the whole machine's use over the row, not the benchmark's alone.</p>\n")
