@@ -220,6 +220,13 @@ type Config struct {
 	// time elapsed since the start, in place of Workload (chat, then
 	// documents); it returns WorkloadChat or WorkloadDocuments.
 	WorkloadAt func(elapsed time.Duration) Workload
+	// SimOutputTokens makes each request of a workload with ranges (not
+	// WorkloadFixed) carry max_tokens = the top of its workload's output
+	// range and its drawn output length in the body field
+	// sim_output_tokens, which only workermon sim reads (contract §21):
+	// the engine ends the request there, as an end-of-sequence token would,
+	// without knowing it in advance. The length is drawn as without it.
+	SimOutputTokens bool
 	// OnDone, when set, is called with every offered request once it has
 	// ended, or at once when it was dropped at the cap; from the
 	// request's goroutine, so it must be safe for concurrent use.
@@ -345,6 +352,9 @@ func (c Config) Validate() error {
 	}
 	if _, ok := c.Workload.Lengths(); !ok && c.Workload != WorkloadFixed {
 		bad("Workload", "%q is not %q, %q or %q", c.Workload, WorkloadFixed, WorkloadChat, WorkloadDocuments)
+	}
+	if c.SimOutputTokens && c.Workload == WorkloadFixed && c.WorkloadAt == nil {
+		bad("SimOutputTokens", "needs a workload with an output range (%q or %q), not %q", WorkloadChat, WorkloadDocuments, WorkloadFixed)
 	}
 	if c.SLO.TTFT <= 0 || c.SLO.ITL <= 0 {
 		bad("SLO", "TTFT %v and ITL %v must be positive", c.SLO.TTFT, c.SLO.ITL)

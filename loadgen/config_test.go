@@ -60,6 +60,7 @@ func TestValidate(t *testing.T) {
 		}, []string{"Concurrency", "PromptTokens", "MaxTokens", "Timeout"}},
 		{"cancel", func(c *Config) { c.CancelFraction, c.CancelAfter = math.NaN(), 0 }, []string{"CancelFraction", "CancelAfter"}},
 		{"window", func(c *Config) { c.Window = time.Millisecond }, []string{"Window"}},
+		{"sim output tokens of a fixed workload", func(c *Config) { c.SimOutputTokens = true }, []string{"SimOutputTokens"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -125,8 +125,9 @@ func TestReportShape(t *testing.T) {
 
 // streamTransport answers every request with a stream whose first token
 // comes after ttft and each next one after itl, by the request's
-// max_tokens; requests whose prompt is longer than slowPrompt words take
-// slowTTFT to start. It records the lengths asked for.
+// sim_output_tokens, else its max_tokens; requests whose prompt is longer
+// than slowPrompt words take slowTTFT to start. It records the lengths
+// asked for: the output, and the max_tokens.
 type streamTransport struct {
 	ttft, slowTTFT, itl time.Duration
 	slowPrompt          int
@@ -134,6 +135,7 @@ type streamTransport struct {
 	mu      sync.Mutex
 	prompts []int
 	outputs []int
+	limits  []int
 }
 
 func (f *streamTransport) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -146,7 +148,12 @@ func (f *streamTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	words := len(strings.Fields(req.Prompt))
 	f.mu.Lock()
 	f.prompts = append(f.prompts, words)
-	f.outputs = append(f.outputs, req.MaxTokens)
+	output := req.MaxTokens
+	if req.SimOutputTokens > 0 {
+		output = req.SimOutputTokens
+	}
+	f.outputs = append(f.outputs, output)
+	f.limits = append(f.limits, req.MaxTokens)
 	f.mu.Unlock()
 	ttft := f.ttft
 	if words > f.slowPrompt {
@@ -165,7 +172,7 @@ func (f *streamTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		if !sleep(ttft) {
 			return
 		}
-		for i := range req.MaxTokens {
+		for i := range output {
 			if i > 0 && !sleep(f.itl) {
 				return
 			}
@@ -321,4 +328,55 @@ func TestWindowGoodputSteady(t *testing.T) {
 			t.Errorf("window of %v: %d good, %d 200s; want about 50 of each, the same", w.Duration, w.Good, w.OK)
 		}
 	})
+}
+
+// With SimOutputTokens each request asks for the top of its workload's
+// output range and carries the length drawn, the same lengths a run
+// without it draws from the seed, in sim_output_tokens.
+func TestSimOutputTokensBodies(t *testing.T) {
+	t.Parallel()
+	type drawn struct{ outputs, limits []int }
+	draw := func(t *testing.T, sim bool, workload Workload, at func(time.Duration) Workload) drawn {
+		var out drawn
+		synctest.Test(t, func(t *testing.T) {
+			ft := &streamTransport{itl: time.Millisecond}
+			cfg := DefaultConfig()
+			cfg.Transport, cfg.CancelFraction = ft, 0
+			cfg.Workload, cfg.WorkloadAt, cfg.Arrivals, cfg.Seed, cfg.RPS = workload, at, ArrivalsPoisson, 3, 20
+			cfg.SimOutputTokens = sim
+			g, err := New(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runFor(t, g, 3*time.Second)
+			ft.mu.Lock()
+			defer ft.mu.Unlock()
+			out = drawn{slices.Sorted(slices.Values(ft.outputs)), slices.Clone(ft.limits)}
+		})
+		return out
+	}
+	for _, tc := range []struct {
+		name     string
+		workload Workload
+		at       func(time.Duration) Workload
+	}{
+		{"chat", WorkloadChat, nil},
+		{"documents", WorkloadDocuments, nil},
+		{"by time", WorkloadFixed, func(time.Duration) Workload { return WorkloadDocuments }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			plain, sim := draw(t, false, tc.workload, tc.at), draw(t, true, tc.workload, tc.at)
+			if len(sim.outputs) < 20 || !slices.Equal(plain.outputs, sim.outputs) {
+				t.Errorf("sim_output_tokens %v, want the lengths drawn without it %v", sim.outputs, plain.outputs)
+			}
+			for i, l := range sim.limits {
+				if l != 256 {
+					t.Fatalf("request %d: max_tokens %d, want the top of the output range, 256", i, l)
+				}
+			}
+			if slices.Equal(plain.limits, sim.limits) {
+				t.Errorf("max_tokens without SimOutputTokens %v, want the drawn lengths", plain.limits)
+			}
+		})
+	}
 }

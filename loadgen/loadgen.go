@@ -131,7 +131,7 @@ func New(cfg Config, logger *slog.Logger) (*Generator, error) {
 	}
 	prompt := makePrompt(cfg.PromptTokens)
 	for _, m := range cfg.Models {
-		body, err := requestBody(cfg, m, prompt, cfg.MaxTokens)
+		body, err := requestBody(cfg, m, prompt, cfg.MaxTokens, 0)
 		if err != nil {
 			return nil, fmt.Errorf("loadgen: encode request of model %q: %w", m, err)
 		}
@@ -247,7 +247,8 @@ const arrivalStream = 0x6c656e67746873 // "lengths"
 // Hopeful returns how many requests in flight can still be good at now
 // (Config.SLO): a streamed one until the TTFT target passes without a
 // first token, then until TTFT + ITL × (its max_tokens − 1) after its
-// send; one not streamed until TTFT + ITL × (max_tokens − 1). Without a
+// send; one not streamed until TTFT + ITL × (max_tokens − 1). With
+// Config.SimOutputTokens its drawn length stands for its max_tokens. Without a
 // target every request in flight counts. A benchmark that has stopped
 // offering load need not wait for the others: they cannot be good.
 func (g *Generator) Hopeful(now time.Time) int { return g.flights.hopeful(now) }
@@ -271,8 +272,14 @@ func (g *Generator) launch(ctx context.Context, now time.Time, offered time.Dura
 		// offered request the same lengths whatever the server does.
 		prompt := l.PromptMin + rng.IntN(l.PromptMax-l.PromptMin+1)
 		maxTokens = l.OutputMin + rng.IntN(l.OutputMax-l.OutputMin+1)
+		limit, simOutput := maxTokens, 0
+		if g.cfg.SimOutputTokens {
+			// The engine sees the range's top; the length drawn is the
+			// hidden truth, and what the SLO and cancellation go by.
+			limit, simOutput = l.OutputMax, maxTokens
+		}
 		var err error
-		if body, err = requestBody(g.cfg, g.cfg.Models[model], g.prompt[:4*prompt-1], maxTokens); err != nil {
+		if body, err = requestBody(g.cfg, g.cfg.Models[model], g.prompt[:4*prompt-1], limit, simOutput); err != nil {
 			g.log.Error("loadgen: encode request", "err", err)
 			return
 		}

@@ -54,12 +54,14 @@ type request struct {
 	Messages  []chatMessage `json:"messages,omitempty"`
 	MaxTokens int           `json:"max_tokens"`
 	Stream    bool          `json:"stream"`
+	// SimOutputTokens is the sim-only output length (Config.SimOutputTokens).
+	SimOutputTokens int `json:"sim_output_tokens,omitempty"`
 }
 
 // requestBody returns the JSON body of a request of cfg for model with
-// prompt and maxTokens.
-func requestBody(cfg Config, model, prompt string, maxTokens int) ([]byte, error) {
-	r := request{Model: model, MaxTokens: maxTokens, Stream: cfg.Stream}
+// prompt and maxTokens, and simOutput in sim_output_tokens when positive.
+func requestBody(cfg Config, model, prompt string, maxTokens, simOutput int) ([]byte, error) {
+	r := request{Model: model, MaxTokens: maxTokens, Stream: cfg.Stream, SimOutputTokens: simOutput}
 	if cfg.API == APIChat {
 		r.Messages = []chatMessage{{Role: "user", Content: prompt}}
 	} else {

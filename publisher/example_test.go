@@ -41,6 +41,17 @@ func Example() {
 	_ = p.Update(1, publisher.Load{ActiveDecodeBlocks: events.Some(40), KVTotalBlocks: events.Some(4096)})
 	_ = p.Update(0, publisher.Load{ActiveDecodeBlocks: events.Some(830), ActivePrefillTokens: events.Some(0)})
 
+	// The leading signals the engine knows (contract §21): its queues, its
+	// running totals of preemptions and prompt tokens computed, and the
+	// blocks its requests would hold at their expected length.
+	_ = p.Update(0, publisher.Load{
+		WaitingRequests:   events.Some(4),
+		RunningRequests:   events.Some(31),
+		Preemptions:       events.Some(2),
+		PrefilledTokens:   events.Some(918_204),
+		KVCommittedBlocks: events.Some(3900),
+	})
+
 	// On shutdown: the goodbye takes the worker out of the busy set at once.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -160,6 +160,22 @@ func load(activeDecode, kvTotal, activePrefill, maxBatched int64) publisher.Load
 	}
 }
 
+// leading builds a Load from the five fields of contract §21; a negative
+// value leaves the field unset.
+func leading(waiting, running, preemptions, prefilled, committed int64) publisher.Load {
+	l := publisher.Load{}
+	for _, f := range []struct {
+		dst *events.Optional
+		v   int64
+	}{{&l.WaitingRequests, waiting}, {&l.RunningRequests, running}, {&l.Preemptions, preemptions},
+		{&l.PrefilledTokens, prefilled}, {&l.KVCommittedBlocks, committed}} {
+		if f.v >= 0 {
+			*f.dst = events.Some(uint64(f.v))
+		}
+	}
+	return l
+}
+
 // loadOf returns the load fields of a report.
 func loadOf(r events.LoadReport) publisher.Load {
 	return publisher.Load{
@@ -167,6 +183,11 @@ func loadOf(r events.LoadReport) publisher.Load {
 		KVTotalBlocks:       r.KVTotalBlocks,
 		ActivePrefillTokens: r.ActivePrefillTokens,
 		MaxNumBatchedTokens: r.MaxNumBatchedTokens,
+		WaitingRequests:     r.WaitingRequests,
+		RunningRequests:     r.RunningRequests,
+		Preemptions:         r.Preemptions,
+		PrefilledTokens:     r.PrefilledTokens,
+		KVCommittedBlocks:   r.KVCommittedBlocks,
 	}
 }
 

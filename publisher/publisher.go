@@ -11,6 +11,13 @@
 // refresh) without a goodbye, for an adapter whose engine stopped answering.
 // Close says goodbye and removes the registry entry.
 //
+// Beside the KV blocks and prefill tokens of contract §3, a Load carries the
+// leading signals of §21 the engine knows: its waiting and running
+// requests, its preemptions and prefilled prompt tokens (running totals,
+// published as counters of the Publisher's boot id that never go down), and
+// the KV blocks its requests would hold at their expected length. A value
+// the engine does not know is left unset, never sent as 0.
+//
 //	p, err := publisher.New(nc, "Qwen/Qwen3-0.6B", workerID, publisher.WithRanks(0, 2))
 //	...
 //	p.Update(1, publisher.Load{ActiveDecodeBlocks: events.Some(used), KVTotalBlocks: events.Some(total)})
@@ -49,37 +56,65 @@ var (
 // Load is one rank's load as the engine measures it. A field left unset
 // keeps the value the rank already has; a field set to zero sets it to zero.
 // A field never set is left out of the reports (the monitor treats it as
-// unknown).
+// unknown): an engine that does not know a value leaves it unset, never
+// sends 0 for it.
 type Load struct {
 	ActiveDecodeBlocks  events.Optional // KV-cache blocks in use
 	KVTotalBlocks       events.Optional // KV-cache blocks in total
 	ActivePrefillTokens events.Optional // tokens being prefilled
 	MaxNumBatchedTokens events.Optional // batch-token capacity
+
+	// The leading signals of contract §21. The monitor takes
+	// WaitingRequests, RunningRequests, Preemptions and PrefilledTokens
+	// from the engine source only.
+
+	// WaitingRequests is the requests waiting to be scheduled, preempted
+	// ones included (vLLM's num_requests_waiting).
+	WaitingRequests events.Optional
+	// RunningRequests is the requests scheduled (vLLM's
+	// num_requests_running).
+	RunningRequests events.Optional
+	// Preemptions is the engine's count of preemptions, a counter: see
+	// Publisher.Update for how a counter is published.
+	Preemptions events.Optional
+	// PrefilledTokens is the engine's count of prompt tokens computed,
+	// recomputation after a preemption included where the engine can tell,
+	// a counter like Preemptions.
+	PrefilledTokens events.Optional
+	// KVCommittedBlocks is the blocks the rank's running and waiting
+	// requests would hold together at their expected length: the sum of
+	// ceil((prompt + expected output) / block size).
+	KVCommittedBlocks events.Optional
 }
 
 // merge returns l with every field that u sets replaced by u's value.
 func (l Load) merge(u Load) Load {
-	if u.ActiveDecodeBlocks.Set {
-		l.ActiveDecodeBlocks = u.ActiveDecodeBlocks
+	set := func(dst *events.Optional, src events.Optional) {
+		if src.Set {
+			*dst = src
+		}
 	}
-	if u.KVTotalBlocks.Set {
-		l.KVTotalBlocks = u.KVTotalBlocks
-	}
-	if u.ActivePrefillTokens.Set {
-		l.ActivePrefillTokens = u.ActivePrefillTokens
-	}
-	if u.MaxNumBatchedTokens.Set {
-		l.MaxNumBatchedTokens = u.MaxNumBatchedTokens
-	}
+	set(&l.ActiveDecodeBlocks, u.ActiveDecodeBlocks)
+	set(&l.KVTotalBlocks, u.KVTotalBlocks)
+	set(&l.ActivePrefillTokens, u.ActivePrefillTokens)
+	set(&l.MaxNumBatchedTokens, u.MaxNumBatchedTokens)
+	set(&l.WaitingRequests, u.WaitingRequests)
+	set(&l.RunningRequests, u.RunningRequests)
+	set(&l.Preemptions, u.Preemptions)
+	set(&l.PrefilledTokens, u.PrefilledTokens)
+	set(&l.KVCommittedBlocks, u.KVCommittedBlocks)
 	return l
 }
 
 // rankState is the last known load of one rank.
 type rankState struct {
-	load   Load
-	known  bool // Update was called for this rank: it is published
-	dirty  bool // changed since it was last published
-	paused bool // Pause was called: nothing is published until Resume
+	load Load // as published: counters are the publisher's sums
+	// The counters of the rank, which turn the engine's values into the
+	// published ones.
+	preemptions, prefilled counter
+	known                  bool // Update was called for this rank: it is published
+	dirty                  bool // changed since it was last published
+	paused                 bool // Pause was called: nothing is published until Resume
 }
 
 // Publisher publishes the load of one worker's ranks for one source. Its
@@ -217,7 +252,14 @@ func (p *Publisher) BootID() uint64 { return p.bootID }
 // value, the others keep theirs. A change is published after the debounce;
 // an Update that changes nothing publishes nothing (the heartbeat keeps the
 // rank alive). Update never blocks on the network and is safe to call from
-// many goroutines. It fails with ErrRankOutOfRange for a rank outside the
+// many goroutines.
+//
+// Preemptions and PrefilledTokens take the engine's running totals. The
+// reports carry, per rank, a counter of this Publisher's boot id (contract
+// §21) that never goes down: the first value as given, then the sum of the
+// increases since. A value below the previous one means the engine's count
+// restarted from zero (an engine restarted under a sidecar), so the whole
+// value counts as the increase, as Prometheus counts a counter reset. It fails with ErrRankOutOfRange for a rank outside the
 // declared range and with ErrClosed once Close has begun.
 func (p *Publisher) Update(rank uint32, load Load) error {
 	start := p.opts.dpStart
@@ -231,6 +273,12 @@ func (p *Publisher) Update(rank uint32, load Load) error {
 		return fmt.Errorf("publisher: update rank %d: %w", rank, ErrClosed)
 	}
 	r := &p.ranks[rank-start]
+	if load.Preemptions.Set {
+		load.Preemptions.Value = r.preemptions.add(load.Preemptions.Value)
+	}
+	if load.PrefilledTokens.Set {
+		load.PrefilledTokens.Value = r.prefilled.add(load.PrefilledTokens.Value)
+	}
 	merged := r.load.merge(load)
 	if r.known && merged == r.load {
 		p.mu.Unlock()

@@ -275,3 +275,36 @@ func TestUnchangedUpdateIsNotPublished(t *testing.T) {
 		t.Errorf("seq %d after %d: unchanged updates were published", next.Seq, first.Seq)
 	}
 }
+
+// The leading signals of contract §21 reach the wire as given, only those
+// set: an unknown one is absent, never 0. The counters never go down within
+// the boot: a value below the previous one is a restart of the engine's
+// count, added to what was published.
+func TestLeadingFieldsOnTheWire(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	in := subscribe(t, e.obs, events.DefaultSubjectPrefix)
+	p := e.start(t, "m", 1)
+	steps := []struct {
+		name   string
+		update publisher.Load
+		want   publisher.Load
+	}{
+		{"request counts only", leading(3, 1, -1, -1, -1), leading(3, 1, -1, -1, -1)},
+		{"counters and committed", leading(-1, -1, 5, 100, 40), leading(3, 1, 5, 100, 40)},
+		{"zero is a value", leading(0, 0, 7, 160, 0), leading(0, 0, 7, 160, 0)},
+		{"the engine's counts restart", leading(-1, -1, 2, 30, -1), leading(0, 0, 9, 190, 0)},
+		{"and grow again", leading(-1, -1, 4, 30, -1), leading(0, 0, 11, 190, 0)},
+	}
+	var prev publisher.Load
+	for _, s := range steps {
+		if err := p.Update(0, s.update); err != nil {
+			t.Fatalf("%s: Update: %v", s.name, err)
+		}
+		r := in.waitReport(t, func(r events.LoadReport) bool { return loadOf(r) != prev })
+		if got := loadOf(r); got != s.want {
+			t.Errorf("%s: load\n got %+v\nwant %+v", s.name, got, s.want)
+		}
+		prev = s.want
+	}
+}

@@ -14,6 +14,10 @@ type migration struct {
 	prompt    string
 	maxTokens int // -1: not given
 	minTokens int // -1: not given
+	// simOutput is the sim-only sim_output_tokens (contract §21): the output
+	// at which workermon sim ends the request, lowered with max_tokens.
+	// -1: not given.
+	simOutput int
 }
 
 // newMigration returns the migration of a completion request, or nil when it
@@ -27,7 +31,7 @@ func newMigration(body []byte) *migration {
 	if string(bytes.TrimSpace(f["stream"])) != "true" {
 		return nil
 	}
-	m := &migration{fields: f, maxTokens: -1, minTokens: -1}
+	m := &migration{fields: f, maxTokens: -1, minTokens: -1, simOutput: -1}
 	p := bytes.TrimSpace(f["prompt"])
 	if len(p) == 0 || p[0] != '"' || json.Unmarshal(p, &m.prompt) != nil {
 		return nil
@@ -47,6 +51,9 @@ func newMigration(body []byte) *migration {
 	if m.minTokens, ok = jsonInt(f["min_tokens"]); !ok {
 		return nil
 	}
+	if m.simOutput, ok = jsonInt(f["sim_output_tokens"]); !ok {
+		return nil
+	}
 	return m
 }
 
@@ -64,9 +71,17 @@ func jsonInt(raw json.RawMessage) (v int, ok bool) {
 	return int(n), true
 }
 
+// simOutputReached reports whether the request's sim_output_tokens, if
+// any, is used up after produced tokens: workermon sim would have ended it
+// with finish_reason "stop".
+func (m *migration) simOutputReached(produced int) bool {
+	return m.simOutput >= 0 && produced >= m.simOutput
+}
+
 // body returns the continuation's request: the prompt followed by the text
 // so far, max_tokens = remaining (when the request had one), min_tokens
-// reduced by the tokens produced.
+// reduced by the tokens produced, sim_output_tokens too (at least 1: migrate
+// ends the stream instead when none are left).
 func (m *migration) body(text []byte, produced, remaining int) ([]byte, error) {
 	f := maps.Clone(m.fields)
 	prompt, err := marshalJSON(m.prompt + string(text))
@@ -79,6 +94,9 @@ func (m *migration) body(text []byte, produced, remaining int) ([]byte, error) {
 	}
 	if m.minTokens >= 0 {
 		f["min_tokens"] = strconv.AppendInt(nil, int64(max(m.minTokens-produced, 0)), 10)
+	}
+	if m.simOutput >= 0 {
+		f["sim_output_tokens"] = strconv.AppendInt(nil, int64(max(m.simOutput-produced, 1)), 10)
 	}
 	return marshalJSON(f)
 }

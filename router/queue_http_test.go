@@ -652,7 +652,10 @@ func TestRouterCloseStopsDispatchers(t *testing.T) {
 // leave the queue at once, and the goroutines and memory they held come
 // back: a second round of them leaves the heap where the first left it.
 func TestQueueDisconnects(t *testing.T) {
-	env, e := queueEnv(t, time.Hour, 5000)
+	// The record must not go stale while 2000 clients connect (tens of
+	// seconds under the race detector on a loaded machine): a stale record
+	// fails open and the queue is released to the engine.
+	env, e := queueEnv(t, time.Hour, 5000, busylist.WithStaleListAfter(time.Hour))
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	defer client.CloseIdleConnections()
 	baseline := runtime.NumGoroutine()

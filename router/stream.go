@@ -325,12 +325,17 @@ func (st *streamState) rewrite(data []byte) ([]byte, error) {
 func (ex *exchange) migrate(st *streamState, cut *upstream, cause error) *upstream {
 	rt := ex.rt
 	st.nextSegment()
+	if st.mig.simOutputReached(st.before) {
+		rt.metrics.migrations.WithLabelValues(migrationFinished).Inc()
+		ex.endFinished(st, finishStop)
+		return nil
+	}
 	remaining := -1
 	if st.mig.maxTokens >= 0 {
 		remaining = st.mig.maxTokens - st.before
 		if remaining <= 0 {
 			rt.metrics.migrations.WithLabelValues(migrationFinished).Inc()
-			ex.endFinished(st)
+			ex.endFinished(st, finishLength)
 			return nil
 		}
 	}
@@ -385,15 +390,22 @@ func (ex *exchange) endWithError(msg string) {
 	ex.write(b.Bytes())
 }
 
-// endFinished ends a migrated completion whose max_tokens is used up: a
-// last chunk with finish_reason "length", then [DONE].
-func (ex *exchange) endFinished(st *streamState) {
+// Finish reasons of a migrated completion that ends in the router.
+const (
+	finishLength = "length" // its max_tokens used up
+	finishStop   = "stop"   // its sim_output_tokens used up (workermon sim)
+)
+
+// endFinished ends a migrated completion whose max_tokens (or
+// sim_output_tokens) is used up: a last chunk with finish_reason finish,
+// then [DONE].
+func (ex *exchange) endFinished(st *streamState, finish string) {
 	chunk := map[string]any{
 		"id":      st.firstID,
 		"object":  "text_completion",
 		"created": time.Now().Unix(),
 		"model":   ex.model,
-		"choices": []map[string]any{{"index": 0, "text": "", "logprobs": nil, "finish_reason": "length"}},
+		"choices": []map[string]any{{"index": 0, "text": "", "logprobs": nil, "finish_reason": finish}},
 	}
 	data, err := json.Marshal(chunk)
 	if err != nil {

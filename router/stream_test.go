@@ -143,10 +143,14 @@ func TestMigration(t *testing.T) {
 		usage     bool
 		wantMax   float64 // max_tokens of the continuation
 		wantUsage float64 // completion_tokens of the client's last usage
+		extra     string  // more fields of the request
+		wantSim   any     // sim_output_tokens of the continuation, nil: absent
 	}{
-		{"read error, tokens by chunk", true, false, 10 - 2, 0},
-		{"end without [DONE], tokens by chunk", false, false, 10 - 2, 0},
-		{"read error, engine usage", true, true, 10 - 6, 6 + 6},
+		{"read error, tokens by chunk", true, false, 10 - 2, 0, "", nil},
+		{"end without [DONE], tokens by chunk", false, false, 10 - 2, 0, "", nil},
+		{"read error, engine usage", true, true, 10 - 6, 6 + 6, "", nil},
+		{"sim_output_tokens lowered by the chunks", true, false, 10 - 2, 0, `,"sim_output_tokens":7`, float64(7 - 2)},
+		{"sim_output_tokens lowered by the usage", true, true, 10 - 6, 6 + 6, `,"sim_output_tokens":9`, float64(9 - 6)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -158,7 +162,7 @@ func TestMigration(t *testing.T) {
 			env.putRecord(t, model, []uint64{1, 2}, nil, time.Now())
 
 			resp := env.post(t, PathCompletions,
-				`{"model":"`+model+`","prompt":"Say <&>:","max_tokens":10,"min_tokens":1,"stream":true,"temperature":0}`)
+				`{"model":"`+model+`","prompt":"Say <&>:","max_tokens":10,"min_tokens":1,"stream":true,"temperature":0`+tc.extra+`}`)
 			raw := readAll(t, resp)
 			res := parseStream(t, raw)
 			if resp.StatusCode != http.StatusOK {
@@ -198,6 +202,9 @@ func TestMigration(t *testing.T) {
 			if cont["min_tokens"] != float64(0) {
 				t.Errorf("continuation min_tokens %v, want 0", cont["min_tokens"])
 			}
+			if cont["sim_output_tokens"] != tc.wantSim {
+				t.Errorf("continuation sim_output_tokens %v, want %v", cont["sim_output_tokens"], tc.wantSim)
+			}
 			if tc.usage {
 				last := res.usage[len(res.usage)-1]
 				if last["completion_tokens"] != tc.wantUsage || last["prompt_tokens"] != float64(5+len("Say <&>:")) {
@@ -226,7 +233,7 @@ func TestMigrationEnds(t *testing.T) {
 		workers    int
 		wantText   string
 		wantErr    bool
-		wantFinish bool
+		wantFinish string // the finish reason the router ends the stream with
 		outcome    string
 	}{
 		{name: "limit reached", limit: 1, path: PathCompletions, cuts: 5, workers: 3,
@@ -242,7 +249,11 @@ func TestMigrationEnds(t *testing.T) {
 		{name: "prompt list never migrates", limit: 3, path: PathCompletions, cuts: 5, workers: 2,
 			body: `{"model":"m","prompt":["p"],"stream":true}`, wantText: "<1-a><1-b>", wantErr: true},
 		{name: "max_tokens used up", limit: 3, path: PathCompletions, cuts: 5, workers: 2,
-			body: `{"model":"m","prompt":"p","max_tokens":2,"stream":true}`, wantText: "<1-a><1-b>", wantFinish: true, outcome: migrationFinished},
+			body: `{"model":"m","prompt":"p","max_tokens":2,"stream":true}`, wantText: "<1-a><1-b>", wantFinish: "length", outcome: migrationFinished},
+		{name: "sim_output_tokens used up", limit: 3, path: PathCompletions, cuts: 5, workers: 2,
+			body: `{"model":"m","prompt":"p","max_tokens":100,"sim_output_tokens":2,"stream":true}`, wantText: "<1-a><1-b>", wantFinish: "stop", outcome: migrationFinished},
+		{name: "both used up: stop", limit: 3, path: PathCompletions, cuts: 5, workers: 2,
+			body: `{"model":"m","prompt":"p","max_tokens":2,"sim_output_tokens":2,"stream":true}`, wantText: "<1-a><1-b>", wantFinish: "stop", outcome: migrationFinished},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -268,7 +279,7 @@ func TestMigrationEnds(t *testing.T) {
 			} else if len(res.errors) != 0 {
 				t.Errorf("errors %v", res.errors)
 			}
-			if tc.wantFinish && !slices.Equal(res.finish, []string{"length"}) {
+			if tc.wantFinish != "" && !slices.Equal(res.finish, []string{tc.wantFinish}) {
 				t.Errorf("finish %v", res.finish)
 			}
 			if tc.outcome != "" {
@@ -502,6 +513,9 @@ func TestNewMigration(t *testing.T) {
 		{`{"model":"m","prompt":"p","stream":true,"echo":true}`, false},
 		{`{"model":"m","prompt":"p","stream":true,"max_tokens":"5"}`, false},
 		{`{"model":"m","prompt":"p","stream":true,"max_tokens":1.5}`, false},
+		{`{"model":"m","prompt":"p","stream":true,"sim_output_tokens":3}`, true},
+		{`{"model":"m","prompt":"p","stream":true,"sim_output_tokens":"3"}`, false},
+		{`{"model":"m","prompt":"p","stream":true,"sim_output_tokens":2.5}`, false},
 	} {
 		if got := newMigration([]byte(tc.body)) != nil; got != tc.ok {
 			t.Errorf("newMigration(%s) eligible = %v, want %v", tc.body, got, tc.ok)
@@ -522,6 +536,32 @@ func TestNewMigration(t *testing.T) {
 	}
 	if !bytes.Contains(body, []byte(`<c>`)) {
 		t.Errorf("HTML escaped prompt: %s", body)
+	}
+	if _, ok := got["sim_output_tokens"]; ok {
+		t.Errorf("continuation body %s has a sim_output_tokens the request had not", body)
+	}
+
+	// sim_output_tokens goes down with max_tokens.
+	m = newMigration([]byte(`{"model":"m","prompt":"p","stream":true,"max_tokens":9,"sim_output_tokens":6}`))
+	for _, tc := range []struct {
+		produced int
+		reached  bool
+		want     float64
+	}{{0, false, 6}, {4, false, 2}, {5, false, 1}, {6, true, 1}} {
+		if got := m.simOutputReached(tc.produced); got != tc.reached {
+			t.Errorf("simOutputReached(%d) = %v, want %v", tc.produced, got, tc.reached)
+		}
+		body, err := m.body(nil, tc.produced, 9-tc.produced)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got map[string]any
+		if err := json.Unmarshal(body, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got["sim_output_tokens"] != tc.want || got["max_tokens"] != float64(9-tc.produced) {
+			t.Errorf("after %d tokens: continuation body %s, want sim_output_tokens %v", tc.produced, body, tc.want)
+		}
 	}
 }
 

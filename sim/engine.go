@@ -7,29 +7,45 @@ import (
 	"github.com/workermon/workermon/sim/stepengine"
 )
 
-// request is one completion request. promptTokens, maxTokens, notify and done
-// are fixed at creation; produced is written by the engine loop and read by
-// the HTTP handler; the rest belongs to the engine loop.
+// request is one completion request. promptTokens, maxTokens, outputTokens,
+// notify and done are fixed at creation; produced is written by the engine
+// loop and read by the HTTP handler; the rest belongs to the engine loop.
 type request struct {
 	promptTokens int
 	maxTokens    int
+	// outputTokens, when positive, is the body's sim_output_tokens: the
+	// request ends there, as an end-of-sequence token would end it. Only the
+	// end of the request reads it, never the scheduler or the estimate of
+	// kv_committed_blocks.
+	outputTokens int
 	produced     atomic.Int64  // tokens generated so far
 	notify       chan struct{} // a token was generated (capacity 1, never blocks the engine)
-	done         chan struct{} // closed when all maxTokens are generated
+	done         chan struct{} // closed when all its tokens are generated
 
 	rank int
 	step *stepengine.Request // nil until added
 }
 
-// newRequest returns a request for promptTokens tokens of prompt and
-// maxTokens tokens to generate, both at least 1.
-func newRequest(promptTokens, maxTokens int) *request {
+// newRequest returns a request for promptTokens tokens of prompt and at most
+// maxTokens tokens to generate, both at least 1, that ends after
+// outputTokens tokens when that is positive (at most maxTokens).
+func newRequest(promptTokens, maxTokens, outputTokens int) *request {
+	maxTokens = max(1, maxTokens)
 	return &request{
 		promptTokens: max(1, promptTokens),
-		maxTokens:    max(1, maxTokens),
+		maxTokens:    maxTokens,
+		outputTokens: min(max(0, outputTokens), maxTokens),
 		notify:       make(chan struct{}, 1),
 		done:         make(chan struct{}),
 	}
+}
+
+// tokens returns the tokens the request generates.
+func (r *request) tokens() int {
+	if r.outputTokens > 0 {
+		return r.outputTokens
+	}
+	return r.maxTokens
 }
 
 // observer receives the latencies of a rank's requests as the engine's
@@ -44,6 +60,11 @@ type observer interface {
 type rankLoad struct {
 	decodeBlocks  uint64
 	prefillTokens uint64
+	// The leading signals of contract §21.
+	waiting, running  uint64
+	preemptions       uint64 // since the engine started
+	prefilledTokens   uint64 // since the engine started
+	kvCommittedBlocks uint64
 }
 
 // rankState is one rank: its step engine and, during a step, when it ends.
@@ -56,9 +77,12 @@ type rankState struct {
 // engine is the scheduler of one worker's ranks, each a stepengine.Engine.
 // It is not safe for concurrent use: one goroutine owns it.
 type engine struct {
-	ranks     []rankState
-	reqs      map[*stepengine.Request]*request
-	obs       observer
+	ranks []rankState
+	reqs  map[*stepengine.Request]*request
+	obs   observer
+	// outputs is the latest finished outputs of the worker's ranks: the
+	// estimate of the expected output in kv_committed_blocks.
+	outputs   *stepengine.OutputWindow
 	completed uint64
 	cancelled uint64
 }
@@ -66,7 +90,12 @@ type engine struct {
 // newEngine returns an idle engine of one rank per configuration; obs may
 // be nil.
 func newEngine(cfgs []stepengine.Config, obs observer) (*engine, error) {
-	e := &engine{ranks: make([]rankState, len(cfgs)), reqs: map[*stepengine.Request]*request{}, obs: obs}
+	e := &engine{
+		ranks:   make([]rankState, len(cfgs)),
+		reqs:    map[*stepengine.Request]*request{},
+		obs:     obs,
+		outputs: stepengine.NewOutputWindow(stepengine.DefaultOutputWindow),
+	}
 	for i, c := range cfgs {
 		eng, err := stepengine.New(c)
 		if err != nil {
@@ -107,7 +136,7 @@ func (e *engine) add(now time.Time, r *request) bool {
 	if best < 0 {
 		return false
 	}
-	sr, err := e.ranks[best].eng.Add(now, r.promptTokens, r.maxTokens)
+	sr, err := e.ranks[best].eng.AddUntil(now, r.promptTokens, r.maxTokens, r.outputTokens)
 	if err != nil {
 		return false
 	}
@@ -177,6 +206,7 @@ func (e *engine) deliver(i int, events []stepengine.Event) {
 		case stepengine.EventFinished:
 			delete(e.reqs, ev.Request)
 			e.completed++
+			e.outputs.Add(ev.Request.Output())
 			if e.obs != nil {
 				e.obs.e2e(i, ev.Latency)
 			}
@@ -197,6 +227,15 @@ func (e *engine) busy() bool {
 
 // load returns rank i's reported load.
 func (e *engine) load(i int) rankLoad {
-	l := e.ranks[i].eng.Load()
-	return rankLoad{decodeBlocks: uint64(l.BlocksUsed), prefillTokens: uint64(l.PrefillTokens)}
+	eng := e.ranks[i].eng
+	l := eng.Load()
+	return rankLoad{
+		decodeBlocks:      uint64(l.BlocksUsed),
+		prefillTokens:     uint64(l.PrefillTokens),
+		waiting:           uint64(l.Waiting),
+		running:           uint64(l.Running),
+		preemptions:       l.Preemptions,
+		prefilledTokens:   l.PrefilledTokens,
+		kvCommittedBlocks: uint64(eng.CommittedBlocks(e.outputs.Estimate())),
+	}
 }

@@ -44,7 +44,7 @@ func TestEngineDeliversAtStepEnds(t *testing.T) {
 	cfg := tinyConfig(t, 64)
 	e := newTestEngine(t, obs, cfg)
 	t0 := time.Unix(1000, 0)
-	r := newRequest(100, 3)
+	r := newRequest(100, 3, 0)
 	if !e.add(t0, r) {
 		t.Fatal("add refused a request that fits")
 	}
@@ -80,15 +80,15 @@ func TestEngineLeastLoaded(t *testing.T) {
 	t.Parallel()
 	e := newTestEngine(t, nil, tinyConfig(t, 100), tinyConfig(t, 10))
 	t0 := time.Unix(1000, 0)
-	a, b := newRequest(40, 40), newRequest(40, 40)
+	a, b := newRequest(40, 40, 0), newRequest(40, 40, 0)
 	if !e.add(t0, a) || !e.add(t0, b) || a.rank != 0 || b.rank != 1 {
 		t.Fatalf("ranks %d and %d; want 0 then 1", a.rank, b.rank)
 	}
-	big := newRequest(16*20, 16)
+	big := newRequest(16*20, 16, 0)
 	if !e.add(t0, big) || big.rank != 0 {
 		t.Fatalf("big request on rank %d; want 0, the only one that holds it", big.rank)
 	}
-	if e.add(t0, newRequest(16*100, 16)) {
+	if e.add(t0, newRequest(16*100, 16, 0)) {
 		t.Fatal("add accepted a request no rank can hold")
 	}
 	if l := e.load(0); l.prefillTokens != 40+16*20 {
@@ -102,7 +102,7 @@ func TestEngineCancelFrees(t *testing.T) {
 	t.Parallel()
 	e := newTestEngine(t, nil, tinyConfig(t, 64))
 	t0 := time.Unix(1000, 0)
-	run, wait := newRequest(100, 50), newRequest(100, 50)
+	run, wait := newRequest(100, 50, 0), newRequest(100, 50, 0)
 	e.add(t0, run)
 	end, _ := e.advance(t0)
 	e.add(t0, wait) // arrives during the first step: waits for the next
@@ -113,7 +113,8 @@ func TestEngineCancelFrees(t *testing.T) {
 	if !e.cancel(run) || !e.cancel(wait) || e.cancel(run) {
 		t.Fatal("cancel: want true for each request once, then false")
 	}
-	if l := e.load(0); l != (rankLoad{}) || e.busy() || e.cancelled != 2 {
+	// The prompt computed stays counted.
+	if l := e.load(0); l != (rankLoad{prefilledTokens: 100}) || e.busy() || e.cancelled != 2 {
 		t.Fatalf("after cancelling: load %+v, busy %v, cancelled %d", l, e.busy(), e.cancelled)
 	}
 	e.advance(end.Add(time.Hour))
@@ -167,7 +168,7 @@ func TestFinishedStreamIsNotCut(t *testing.T) {
 	t.Parallel()
 	w := &Worker{}
 	for range 64 {
-		req := newRequest(1, 3)
+		req := newRequest(1, 3, 0)
 		req.produced.Store(3)
 		close(req.done)
 		cut := make(chan struct{})
@@ -176,5 +177,47 @@ func TestFinishedStreamIsNotCut(t *testing.T) {
 		if !w.stream(t.Context(), rec, job{maxTokens: 3, stream: true}, req, "cmpl-1", cut) || !strings.Contains(rec.Body.String(), "[DONE]") {
 			t.Fatalf("a finished request's stream was cut: %q", rec.Body.String())
 		}
+	}
+}
+
+// A rank's report carries the leading signals of contract §21: the request
+// counts, the counters, and kv_committed_blocks estimated from max_tokens
+// until a request finished, then from the p90 of the finished outputs,
+// never from a request's sim_output_tokens.
+func TestEngineLeadingSignals(t *testing.T) {
+	t.Parallel()
+	cfg := tinyConfig(t, 64) // blocks of 16 tokens
+	e := newTestEngine(t, nil, cfg)
+	t0 := time.Unix(1000, 0)
+	first := newRequest(32, 100, 10)
+	if !e.add(t0, first) {
+		t.Fatal("add refused a request that fits")
+	}
+	want := rankLoad{prefillTokens: 32, waiting: 1, kvCommittedBlocks: 9} // ceil((32+100)/16): max_tokens, not the hidden 10
+	if got := e.load(0); got != want {
+		t.Fatalf("one waiting, nothing finished:\n got %+v\nwant %+v", got, want)
+	}
+	e.advance(t0) // the prefill step begins
+	if _, ok := e.advance(t0.Add(time.Hour)); ok {
+		t.Fatal("still stepping an hour later")
+	}
+	if first.produced.Load() != 10 {
+		t.Fatalf("produced %d, want its sim_output_tokens 10", first.produced.Load())
+	}
+	want = rankLoad{prefilledTokens: 32}
+	if got := e.load(0); got != want {
+		t.Fatalf("idle after the finish:\n got %+v\nwant %+v", got, want)
+	}
+	// Now the estimate is the p90 of the finished outputs (10), whatever
+	// the new requests' own sim_output_tokens.
+	at := t0.Add(2 * time.Hour)
+	for _, r := range []*request{newRequest(32, 100, 0), newRequest(32, 100, 90)} {
+		if !e.add(at, r) {
+			t.Fatal("add refused a request that fits")
+		}
+	}
+	want = rankLoad{prefillTokens: 64, waiting: 2, prefilledTokens: 32, kvCommittedBlocks: 3 + 3} // ceil((32+10)/16) each
+	if got := e.load(0); got != want {
+		t.Fatalf("two waiting after one finished at 10:\n got %+v\nwant %+v", got, want)
 	}
 }

@@ -13,10 +13,20 @@ type job struct {
 	chat            bool
 	promptTokens    int
 	maxTokens       int
+	outputTokens    int // sim_output_tokens, 0 when not given
 	start           int // index of the first token to generate
 	stream          bool
 	includeUsage    bool // a last chunk with the usage
 	continuousUsage bool // the usage in every chunk
+}
+
+// finish returns the finish_reason of j: "stop" at its sim_output_tokens,
+// else "length" (all its max_tokens).
+func (j job) finish() string {
+	if j.outputTokens > 0 {
+		return finishStop
+	}
+	return finishLength
 }
 
 // routes returns the worker's HTTP API.
@@ -152,6 +162,12 @@ func (w *Worker) checkCommon(j *job, opts requestOptions, maxTokens *int, param 
 			"This model's maximum context length is %d tokens. However, you requested %d tokens in the prompt and %d in the completion.",
 			w.maxSeq, j.promptTokens, j.maxTokens))
 	}
+	if n := opts.SimOutputTokens; n != nil {
+		if *n < 1 || *n > j.maxTokens {
+			return badRequest("sim_output_tokens", fmt.Sprintf("sim_output_tokens must be between 1 and %s (%d), got %d", param, j.maxTokens, *n))
+		}
+		j.outputTokens = *n
+	}
 	if opts.N != nil && *opts.N != 1 {
 		return badRequest("n", "only n=1 is supported")
 	}
@@ -168,7 +184,7 @@ func (w *Worker) checkCommon(j *job, opts requestOptions, maxTokens *int, param 
 // away cancels the request in the engine at once.
 func (w *Worker) generate(rw http.ResponseWriter, r *http.Request, j job) {
 	ctx := r.Context()
-	req := newRequest(j.promptTokens, j.maxTokens)
+	req := newRequest(j.promptTokens, j.maxTokens, j.outputTokens)
 	select {
 	case w.submit <- req:
 	case <-w.stopped:
@@ -215,11 +231,11 @@ func (w *Worker) complete(ctx context.Context, rw http.ResponseWriter, j job, re
 		return false
 	}
 	n := int(req.produced.Load())
-	if n != j.maxTokens {
+	if n != req.tokens() {
 		w.fail(rw, newAPIError(http.StatusInternalServerError, "internal_error", "", "", "no rank can hold the request"))
 		return true
 	}
-	text, finish := generatedText(j.start, n, j.chat), finishReason(finishLength)
+	text, finish := generatedText(j.start, n, j.chat), finishReason(j.finish())
 	u := newUsage(j.promptTokens, n)
 	if j.chat {
 		writeJSON(rw, http.StatusOK, newResponse(w, id, objectChat, u,
@@ -291,7 +307,7 @@ func (w *Worker) stream(ctx context.Context, rw http.ResponseWriter, j job, req 
 		if !done {
 			continue
 		}
-		if sent != j.maxTokens {
+		if sent != req.tokens() {
 			sw.event([]byte(`{"error":{"message":"no rank can hold the request","type":"internal_error","param":null,"code":null}}`))
 			sw.flush()
 			return true
@@ -301,11 +317,13 @@ func (w *Worker) stream(ctx context.Context, rw http.ResponseWriter, j job, req 
 			u = newUsage(j.promptTokens, sent)
 		}
 		if j.chat {
-			sw.chunk(&chatDelta{}, finishLength, u)
+			sw.chunk(&chatDelta{}, j.finish(), u)
 		} else {
-			sw.text("", finishLength, u)
+			sw.text("", j.finish(), u)
 		}
-		if j.includeUsage {
+		// A request with sim_output_tokens ends before its max_tokens: the
+		// usage tells the client how many tokens it got.
+		if j.includeUsage || j.outputTokens > 0 {
 			sw.usage(newUsage(j.promptTokens, sent))
 		}
 		sw.event([]byte("[DONE]"))

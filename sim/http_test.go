@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/workermon/workermon/sim"
 )
 
 func TestCompletionShapes(t *testing.T) {
@@ -199,6 +201,13 @@ func TestRequestErrors(t *testing.T) {
 		{"huge max_completion_tokens", "/v1/chat/completions", map[string]any{"model": model, "stream": true,
 			"messages": []any{map[string]any{"role": "user", "content": "x"}}, "max_completion_tokens": math.MaxInt64}, 400, "max_completion_tokens", ""},
 		{"n", "/v1/completions", map[string]any{"model": model, "prompt": "x", "n": 2}, 400, "n", ""},
+		{"zero sim_output_tokens", "/v1/completions", map[string]any{"model": model, "prompt": "x", "max_tokens": 8, "sim_output_tokens": 0}, 400, "sim_output_tokens", ""},
+		{"negative sim_output_tokens", "/v1/completions", map[string]any{"model": model, "prompt": "x", "max_tokens": 8, "sim_output_tokens": -1}, 400, "sim_output_tokens", ""},
+		{"sim_output_tokens over max_tokens", "/v1/completions", map[string]any{"model": model, "prompt": "x", "max_tokens": 8, "sim_output_tokens": 9}, 400, "sim_output_tokens", ""},
+		{"sim_output_tokens over the default max_tokens", "/v1/completions", map[string]any{"model": model, "prompt": "x", "sim_output_tokens": sim.DefaultMaxTokens + 1}, 400, "sim_output_tokens", ""},
+		{"sim_output_tokens over max_completion_tokens", "/v1/chat/completions", map[string]any{"model": model,
+			"messages": []any{map[string]any{"role": "user", "content": "x"}}, "max_completion_tokens": 4, "max_tokens": 100, "sim_output_tokens": 5}, 400, "sim_output_tokens", ""},
+		{"sim_output_tokens not an integer", "/v1/completions", []byte(`{"model":"` + model + `","prompt":"x","max_tokens":8,"sim_output_tokens":2.5}`), 400, "", ""},
 		{"too large", "/v1/completions", map[string]any{"model": model, "prompt": strings.Repeat("x", 5000)}, 413, "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -266,5 +275,89 @@ func TestTokenIDPrompt(t *testing.T) {
 	usage, _ := m["usage"].(map[string]any)
 	if usage["prompt_tokens"] != float64(7) {
 		t.Fatalf("usage %v, want 7 prompt tokens", m["usage"])
+	}
+}
+
+// A request with sim_output_tokens ends there with finish_reason "stop", as
+// an end-of-sequence token would end it, and reports its usage, streamed or
+// not, asked for or not.
+func TestSimOutputTokens(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	w := startWorker(t, workerConfig(e.srv))
+	user := []map[string]any{{"role": "user", "content": "say tok6"}}
+	for _, tc := range []struct {
+		name   string
+		path   string
+		body   map[string]any
+		chat   bool
+		stream bool
+		want   string
+		finish string
+		tokens float64
+	}{
+		{"completion", "/v1/completions", map[string]any{"prompt": "say tok6", "max_tokens": 8, "sim_output_tokens": 3},
+			false, false, " tok7 tok8 tok9", "stop", 3},
+		{"completion stream", "/v1/completions", map[string]any{"prompt": "say tok6", "max_tokens": 8, "sim_output_tokens": 3, "stream": true},
+			false, true, " tok7 tok8 tok9", "stop", 3},
+		{"chat", "/v1/chat/completions", map[string]any{"messages": user, "max_tokens": 8, "sim_output_tokens": 2},
+			true, false, "tok7 tok8", "stop", 2},
+		{"chat stream", "/v1/chat/completions", map[string]any{"messages": user, "max_completion_tokens": 8, "sim_output_tokens": 2, "stream": true},
+			true, true, "tok7 tok8", "stop", 2},
+		{"at max_tokens: still stop", "/v1/completions", map[string]any{"prompt": "say tok6", "max_tokens": 2, "sim_output_tokens": 2, "stream": true},
+			false, true, " tok7 tok8", "stop", 2},
+		{"without: length", "/v1/completions", map[string]any{"prompt": "say tok6", "max_tokens": 2, "stream": true},
+			false, true, " tok7 tok8", "length", -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.body["model"] = w.Model()
+			resp := post(t, t.Context(), w.Endpoint()+tc.path, tc.body)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			var answers []map[string]any
+			if tc.stream {
+				evs := readEvents(t, resp.Body)
+				resp.Body.Close()
+				if len(evs) == 0 || evs[len(evs)-1] != "[DONE]" {
+					t.Fatalf("events %q do not end with [DONE]", evs)
+				}
+				for _, ev := range evs[:len(evs)-1] {
+					var c map[string]any
+					if err := json.Unmarshal([]byte(ev), &c); err != nil {
+						t.Fatalf("chunk %q: %v", ev, err)
+					}
+					answers = append(answers, c)
+				}
+			} else {
+				answers = append(answers, decodeJSON(t, resp))
+			}
+			var text strings.Builder
+			var finishes []any
+			tokens := -1.0 // no usage
+			for _, a := range answers {
+				for _, piece := range []any{path(a, "choices", 0, "text"), path(a, "choices", 0, "delta", "content"),
+					path(a, "choices", 0, "message", "content")} {
+					s, _ := piece.(string)
+					text.WriteString(s)
+				}
+				if f := path(a, "choices", 0, "finish_reason"); f != nil {
+					finishes = append(finishes, f)
+				}
+				if u, ok := path(a, "usage", "completion_tokens").(float64); ok {
+					tokens = u
+				}
+			}
+			if text.String() != tc.want {
+				t.Errorf("text %q, want %q", text.String(), tc.want)
+			}
+			if len(finishes) != 1 || finishes[0] != tc.finish {
+				t.Errorf("finish reasons %v, want one %q", finishes, tc.finish)
+			}
+			if tokens != tc.tokens {
+				t.Errorf("usage's completion_tokens %v, want %v (-1: no usage)", tokens, tc.tokens)
+			}
+		})
 	}
 }

@@ -10,9 +10,13 @@ import (
 	"unicode"
 )
 
-// finishLength is the finish_reason of every simulated completion: it always
-// generates max_tokens tokens.
-const finishLength = "length"
+// Finish reasons: a simulated completion generates max_tokens tokens
+// ("length"), or the sim_output_tokens of its body ("stop", as an
+// end-of-sequence token ends it).
+const (
+	finishLength = "length"
+	finishStop   = "stop"
+)
 
 // ownedBy is the owned_by of the model in GET /v1/models.
 const ownedBy = "workermon-sim"
@@ -32,6 +36,10 @@ type requestOptions struct {
 	N             *int           `json:"n"`
 	Stream        bool           `json:"stream"`
 	StreamOptions *streamOptions `json:"stream_options"`
+	// SimOutputTokens is the sim-only body field sim_output_tokens
+	// (contract §21): the request ends after that many tokens, as an
+	// end-of-sequence token would end it.
+	SimOutputTokens *int `json:"sim_output_tokens"`
 }
 
 // completionRequest is the part of a POST /v1/completions body the

@@ -247,3 +247,80 @@ func TestCloseDrains(t *testing.T) {
 		t.Errorf("stats %+v", s)
 	}
 }
+
+// leading returns the five fields of contract §21 of a report.
+func leading(r events.LoadReport) [5]events.Optional {
+	return [5]events.Optional{r.WaitingRequests, r.RunningRequests, r.Preemptions, r.PrefilledTokens, r.KVCommittedBlocks}
+}
+
+// Every report of a rank carries the five leading signals of contract §21,
+// on change and on heartbeat, and a new boot (Unmute) goes on from the
+// engine's counters.
+func TestLeadingSignalsReported(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	in := subscribe(t, e.obs)
+	cfg := workerConfig(e.srv)
+	cfg.Engine.DecodeSpeed = 40 // 20 tokens: half a second
+	w := startWorker(t, cfg)
+
+	idle := in.waitReport(t, "a first report", func(r events.LoadReport) bool { return r.WorkerID == w.ID() })
+	zero := events.Some(0)
+	if got := leading(idle); got != [5]events.Optional{zero, zero, zero, zero, zero} {
+		t.Fatalf("first report's leading signals %+v, want all present and 0", got)
+	}
+
+	prompt := strings.Repeat("word ", 20) // 26 tokens
+	const n, maxTokens, output = 6, 40, 20
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				resp, err := tryPost(t.Context(), w.Endpoint()+"/v1/completions", map[string]any{"model": w.Model(),
+					"prompt": prompt, "max_tokens": maxTokens, "sim_output_tokens": output})
+				if err != nil {
+					t.Errorf("request %d: %v", i, err)
+					return
+				}
+				defer resp.Body.Close()
+				_, _ = io.Copy(io.Discard, resp.Body)
+				if resp.StatusCode != http.StatusOK {
+					t.Errorf("request %d: status %d", i, resp.StatusCode)
+				}
+			})
+		}
+		wg.Wait()
+	}()
+	// While they run, each commits its max_tokens, ceil((26+40)/16) = 5
+	// blocks, until one finishes; then the p90 of the outputs, 20:
+	// ceil((26+20)/16) = 3 (on a slow host a request may arrive that late).
+	busy := in.waitReport(t, "running requests", func(r events.LoadReport) bool {
+		return r.RunningRequests.Value > 0 && r.PrefilledTokens.Value > 0
+	})
+	if c, k := busy.KVCommittedBlocks.Value, busy.WaitingRequests.Value+busy.RunningRequests.Value; c != 5*k && c != 3*k {
+		t.Errorf("kv_committed_blocks %d for %d waiting and %d running, want 5 each (or 3 once one finished)",
+			c, busy.WaitingRequests.Value, busy.RunningRequests.Value)
+	}
+	<-done
+	end := in.waitReport(t, "the end", func(r events.LoadReport) bool {
+		return r.RunningRequests.Value == 0 && r.WaitingRequests.Value == 0 && r.PrefilledTokens.Value == n*26
+	})
+	if end.KVCommittedBlocks != zero || end.Preemptions != zero {
+		t.Errorf("after the end: %+v", leading(end))
+	}
+	heartbeat := in.waitReport(t, "a heartbeat", func(r events.LoadReport) bool { return r.Seq > end.Seq })
+	if leading(heartbeat) != leading(end) {
+		t.Errorf("heartbeat's leading signals %+v, want %+v", leading(heartbeat), leading(end))
+	}
+
+	w.Mute()
+	if err := w.Unmute(t.Context()); err != nil {
+		t.Fatalf("Unmute: %v", err)
+	}
+	back := in.waitReport(t, "a report of the new boot", func(r events.LoadReport) bool { return r.BootID != end.BootID })
+	if leading(back) != leading(end) {
+		t.Errorf("new boot's leading signals %+v, want the engine's %+v", leading(back), leading(end))
+	}
+}

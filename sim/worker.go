@@ -120,6 +120,11 @@ func NewWorker(ctx context.Context, cfg WorkerConfig, logger *slog.Logger) (*Wor
 			KVTotalBlocks:       events.Some(uint64(c.KVBlocks)),
 			ActivePrefillTokens: events.Some(0),
 			MaxNumBatchedTokens: events.Some(uint64(c.MaxBatchedTokens)),
+			WaitingRequests:     events.Some(0),
+			RunningRequests:     events.Some(0),
+			Preemptions:         events.Some(0),
+			PrefilledTokens:     events.Some(0),
+			KVCommittedBlocks:   events.Some(0),
 		}
 	}
 
@@ -411,10 +416,19 @@ func (w *Worker) report(prev []rankLoad) {
 		load := publisher.Load{
 			ActiveDecodeBlocks:  events.Some(l.decodeBlocks),
 			ActivePrefillTokens: events.Some(l.prefillTokens),
+			WaitingRequests:     events.Some(l.waiting),
+			RunningRequests:     events.Some(l.running),
+			Preemptions:         events.Some(l.preemptions),
+			PrefilledTokens:     events.Some(l.prefilledTokens),
+			KVCommittedBlocks:   events.Some(l.kvCommittedBlocks),
 		}
 		w.mu.Lock()
-		w.loads[i].ActiveDecodeBlocks = load.ActiveDecodeBlocks
-		w.loads[i].ActivePrefillTokens = load.ActivePrefillTokens
+		// The capacities stay; every other field is the engine's now. A
+		// new publisher (Unmute) starts from these: its counters go on from
+		// the engine's totals.
+		kvTotal, maxBatched := w.loads[i].KVTotalBlocks, w.loads[i].MaxNumBatchedTokens
+		w.loads[i] = load
+		w.loads[i].KVTotalBlocks, w.loads[i].MaxNumBatchedTokens = kvTotal, maxBatched
 		if w.pub != nil {
 			_ = w.pub.Update(w.cfg.DPStart+uint32(i), load)
 		}

@@ -51,6 +51,8 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "timeout of one request, its retries and the waits between them included")
 		fs.IntVar(&c.Retries, "retries", c.Retries,
 			"send a request again up to this many times after a 408, 409, 429, 5xx or connection error, as the OpenAI SDKs do (honouring retry-after-ms and Retry-After)")
+		fs.BoolVar(&c.SimOutputTokens, "sim-output-tokens", false,
+			"send max_tokens = the top of the workload's output range and the drawn length in the sim-only body field sim_output_tokens, where workermon sim ends the answer (workload chat or documents)")
 		fs.StringVar(&mix, "priority-mix", "",
 			`send the X-Workermon-Priority header in these shares, e.g. "-1=0.5,0=0.4,1=0.1" (priority=share; shares are weights), and report by class`)
 		fs.Uint64Var(&c.Seed, "seed", c.Seed,

@@ -113,3 +113,50 @@ func TestLoadRetries(t *testing.T) {
 		t.Errorf("report %s; the server saw %d attempts, %d with a wrong retry count", out.String(), attempts.Load(), badCount.Load())
 	}
 }
+
+// `workermon load --sim-output-tokens` asks each request for the top of its
+// workload's output range and sends the length drawn in sim_output_tokens;
+// the answers' usage gives the tokens. Without a workload of ranges it is a
+// configuration error.
+func TestLoadSimOutputTokens(t *testing.T) {
+	t.Parallel()
+	var bad atomic.Int64
+	var requests atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			MaxTokens int `json:"max_tokens"`
+			Output    int `json:"sim_output_tokens"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil || body.MaxTokens != 256 || body.Output < 64 || body.Output > 256 {
+			bad.Add(1)
+		}
+		requests.Add(1)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range body.Output {
+			fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"text\":\" t%d\",\"finish_reason\":null}]}\n\n", i)
+		}
+		fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"text\":\"\",\"finish_reason\":\"stop\"}]}\n\n"+
+			"data: {\"choices\":[],\"usage\":{\"completion_tokens\":%d}}\n\ndata: [DONE]\n\n", body.Output)
+	}))
+	defer srv.Close()
+	var out, errOut strings.Builder
+	code := run([]string{"load", "--target", srv.URL, "--workload", "chat", "--sim-output-tokens", "--rps", "10", "--duration", "1s",
+		"--cancel-fraction", "0", "--seed", "7", "--slo-ttft", "10s", "--json"}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	var r struct{ OK, Good uint64 }
+	if err := json.Unmarshal([]byte(out.String()), &r); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	if r.OK == 0 || r.Good != r.OK || bad.Load() != 0 {
+		t.Errorf("report %s; %d of the %d bodies without max_tokens 256 and sim_output_tokens in 64-256", out.String(), bad.Load(), requests.Load())
+	}
+
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"load", "--target", srv.URL, "--sim-output-tokens", "--duration", "1s"}, &out, &errOut); code == 0 ||
+		!strings.Contains(errOut.String(), "SimOutputTokens") {
+		t.Errorf("--sim-output-tokens with the fixed workload: exit %d, stderr %q", code, errOut.String())
+	}
+}

@@ -20,7 +20,10 @@
 // head of the waiting queue, to compute its prompt (and the tokens it had
 // generated) again. A step that preempted admits nothing from the waiting
 // queue. A request's first token comes from the step that finishes its
-// prefill, and each later step that runs it yields one more token.
+// prefill, and each later step that runs it yields one more token. A
+// request finishes at its max tokens, or earlier at the output it was added
+// with (AddUntil), as an end-of-sequence token ends it: the scheduler never
+// reads that output, it only stops the request there.
 //
 // A step lasts Config.StepTime: t_base + c_prefill × prefill tokens +
 // c_decode × decoding requests + c_ctx × context tokens read.
@@ -65,7 +68,8 @@ const (
 	StateWaiting State = iota + 1
 	// StateRunning: admitted, prefilling or decoding.
 	StateRunning
-	// StateFinished: all its max_tokens generated.
+	// StateFinished: all its max_tokens generated, or its output
+	// (AddUntil).
 	StateFinished
 	// StateCancelled: cancelled before it finished.
 	StateCancelled
@@ -91,6 +95,7 @@ func (s State) String() string {
 type Request struct {
 	prompt      int
 	maxTokens   int
+	stop        int // output at which it ends (AddUntil), at most maxTokens
 	output      int // tokens generated
 	computed    int // tokens whose KV is in the cache
 	blocks      int // KV blocks held
@@ -106,6 +111,11 @@ func (r *Request) Prompt() int { return r.prompt }
 
 // MaxTokens returns the tokens the request generates before it finishes.
 func (r *Request) MaxTokens() int { return r.maxTokens }
+
+// Stopped reports whether the request finished at the output it was added
+// with (AddUntil), as an end-of-sequence token ends a request, rather than
+// at its max tokens.
+func (r *Request) Stopped() bool { return r.state == StateFinished && r.stop > 0 }
 
 // Output returns the tokens generated so far.
 func (r *Request) Output() int { return r.output }
@@ -202,6 +212,9 @@ type Load struct {
 	// Preemptions counts the preemptions so far
 	// (vllm:num_preemptions_total).
 	Preemptions uint64
+	// PrefilledTokens counts the prompt tokens computed so far,
+	// recomputation after preemptions included (prefilled_tokens).
+	PrefilledTokens uint64
 }
 
 // Engine is one simulated rank.
@@ -212,6 +225,7 @@ type Engine struct {
 	free        int        // KV blocks free
 	prefill     int        // tokens to prefill, see Load.PrefillTokens
 	preemptions uint64
+	prefilled   uint64 // see Load.PrefilledTokens
 
 	batch    []*Request // the current (or last) step's requests
 	events   []Event
@@ -237,13 +251,22 @@ func (e *Engine) Config() Config { return e.cfg }
 // It fails with ErrTooLong when the request could not fit in the KV cache
 // even alone.
 func (e *Engine) Add(now time.Time, prompt, maxTokens int) (*Request, error) {
+	return e.AddUntil(now, prompt, maxTokens, 0)
+}
+
+// AddUntil queues a request as Add does that ends after output tokens, as
+// an end-of-sequence token would end it (Request.Stopped); output is
+// capped at maxTokens, and 0 (or less) means at maxTokens, as Add. Only the
+// end of the request reads output: the scheduler and CommittedBlocks know
+// only the prompt and maxTokens, as a real engine does.
+func (e *Engine) AddUntil(now time.Time, prompt, maxTokens, output int) (*Request, error) {
 	prompt, maxTokens = max(1, prompt), max(1, maxTokens)
 	// Compared without the sum, which overflows for a max_tokens near the
 	// largest int (and was then accepted, to preempt everyone for ever).
 	if limit := e.cfg.MaxRequestTokens(); prompt > limit || maxTokens > limit-prompt {
 		return nil, fmt.Errorf("stepengine: add request: %d prompt + %d max tokens exceeds %d: %w", prompt, maxTokens, limit, ErrTooLong)
 	}
-	r := &Request{prompt: prompt, maxTokens: maxTokens, state: StateWaiting, arrival: now}
+	r := &Request{prompt: prompt, maxTokens: maxTokens, stop: min(max(0, output), maxTokens), state: StateWaiting, arrival: now}
 	e.waiting.pushBack(r)
 	e.prefill += r.prefillLeft()
 	return r, nil
@@ -281,13 +304,30 @@ func (e *Engine) InStep() bool { return e.inStep }
 // Load returns the engine's load now.
 func (e *Engine) Load() Load {
 	return Load{
-		Waiting:       e.waiting.len(),
-		Running:       len(e.running),
-		BlocksUsed:    e.cfg.KVBlocks - e.free,
-		KVBlocks:      e.cfg.KVBlocks,
-		PrefillTokens: e.prefill,
-		Preemptions:   e.preemptions,
+		Waiting:         e.waiting.len(),
+		Running:         len(e.running),
+		BlocksUsed:      e.cfg.KVBlocks - e.free,
+		KVBlocks:        e.cfg.KVBlocks,
+		PrefillTokens:   e.prefill,
+		Preemptions:     e.preemptions,
+		PrefilledTokens: e.prefilled,
 	}
+}
+
+// CommittedBlocks returns the KV blocks the waiting and running requests
+// would hold together at their expected length (kv_committed_blocks,
+// contract §21): the sum of ceil((prompt + expected output) / block size),
+// the expected output being est.Expected(output so far, max tokens). It
+// never reads a request's AddUntil output.
+func (e *Engine) CommittedBlocks(est OutputEstimate) int {
+	n := 0
+	for _, r := range e.running {
+		n += e.cfg.blocksFor(r.prompt + est.Expected(r.output, r.maxTokens))
+	}
+	for _, r := range e.waiting.items[e.waiting.head:] {
+		n += e.cfg.blocksFor(r.prompt + est.Expected(r.output, r.maxTokens))
+	}
+	return n
 }
 
 // Plan is what a step computes.
@@ -398,6 +438,9 @@ func (e *Engine) End() []Event {
 			continue // cancelled during the step
 		}
 		e.prefill -= r.prefillLeft()
+		if !r.decoding() {
+			e.prefilled += uint64(r.scheduled) // a prefill chunk, or a recomputation
+		}
 		r.computed += r.scheduled
 		r.scheduled = 0
 		if r.computed == r.tokens() {
@@ -410,7 +453,7 @@ func (e *Engine) End() []Event {
 			}
 			r.lastToken = at
 			e.events = append(e.events, ev)
-			if r.output == r.maxTokens {
+			if r.output == r.maxTokens || r.output == r.stop {
 				e.free += r.blocks
 				r.blocks = 0
 				r.state = StateFinished

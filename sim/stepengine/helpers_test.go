@@ -124,6 +124,10 @@ func checkInvariants(t testing.TB, e *Engine) {
 	if l.PrefillTokens != prefill {
 		t.Fatalf("prefill tokens %d, want %d", l.PrefillTokens, prefill)
 	}
+	// At max tokens every request commits at least the blocks it holds.
+	if c := e.CommittedBlocks(OutputEstimate{}); c < l.BlocksUsed {
+		t.Fatalf("%d blocks committed at max tokens, fewer than the %d held", c, l.BlocksUsed)
+	}
 	if l.Running > cfg.MaxNumSeqs {
 		t.Fatalf("%d running, max %d", l.Running, cfg.MaxNumSeqs)
 	}
