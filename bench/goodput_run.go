@@ -151,6 +151,12 @@ func (g *goodput) loadConfig(target string, seed uint64, shape loadShape) loadge
 	lc.CancelFraction, lc.Concurrency, lc.Retries = 0, 4096, shape.retries
 	lc.WorkloadAt = shape.workload
 	lc.RateFunc = shape.rate
+	// Contract §21: each request asks for the top of its workload's output
+	// range (max_tokens) and carries its drawn length in sim_output_tokens,
+	// where the sim ends it as an end-of-sequence token would: the engine,
+	// the routers and the monitor see what a real one would, not the
+	// length in advance.
+	lc.SimOutputTokens = true
 	// The arrivals end after the scenario; the requests in flight that can
 	// still be good finish (loadgen's drain), within the client's timeout
 	// and a second, or MaxDrain: those cut count as not good.

@@ -117,7 +117,8 @@ func TestPlan(t *testing.T) {
 
 // TestLoadConfig: a row's load generator offers the scenario's shape with
 // its clients' retries, Poisson arrivals from the row's seed, streamed,
-// with the profile's SLO.
+// with the profile's SLO, each request with max_tokens the top of its
+// range and its drawn length in sim_output_tokens (contract §21).
 func TestLoadConfig(t *testing.T) {
 	t.Parallel()
 	g := &goodput{slo: loadgen.SLO{TTFT: time.Second, ITL: 50 * time.Millisecond}}
@@ -128,7 +129,8 @@ func TestLoadConfig(t *testing.T) {
 			t.Fatal(err)
 		}
 		if lc.Retries != retries || lc.Seed != 9 || lc.Arrivals != loadgen.ArrivalsPoisson || !lc.Stream || lc.Duration != 7*time.Second ||
-			lc.RateAt(time.Second) != 3 || lc.WorkloadAt(0) != loadgen.WorkloadDocuments || lc.SLO != g.slo || lc.CancelFraction != 0 {
+			lc.RateAt(time.Second) != 3 || lc.WorkloadAt(0) != loadgen.WorkloadDocuments || lc.SLO != g.slo || lc.CancelFraction != 0 ||
+			!lc.SimOutputTokens {
 			t.Errorf("retries %d: config %+v", retries, lc)
 		}
 	}
