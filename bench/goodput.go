@@ -170,6 +170,10 @@ const CommittedKV = 1.0
 // token's own prefill and the steps around it.
 func CommittedQueueDelay(ttft time.Duration) uint64 { return uint64(ttft.Milliseconds() / 2) }
 
+// MultiRouters is the router count of the policies measured with several
+// routers (queue, slo): --router-shares gives one share each.
+const MultiRouters = 3
+
 // ThresholdsDecode is the `thresholds` policy's KV-cache threshold
 // (contract §16: named, not a version of Dynamo's default).
 const ThresholdsDecode = 0.85
@@ -237,9 +241,9 @@ func Policies(quick bool) []Policy {
 		{Name: PolicyNone, Routers: []int{1}},
 		{Name: PolicyThresholds, Routers: []int{1}, Monitor: thresholds},
 		best,
-		{Name: PolicyQueue, Routers: []int{1, 3}, Monitor: thresholds,
+		{Name: PolicyQueue, Routers: []int{1, MultiRouters}, Monitor: thresholds,
 			Router: RouterSpec{QueueMaxWait: QueueMaxWait, QueuePace: QueuePace}},
-		{Name: PolicySLO, Routers: []int{1, 3}, Monitor: sloSpec},
+		{Name: PolicySLO, Routers: []int{1, MultiRouters}, Monitor: sloSpec},
 		{Name: PolicyCommitted, Routers: []int{1}, Monitor: committed},
 	}
 }
@@ -375,6 +379,10 @@ type GoodputConfig struct {
 	// flight when the arrivals end (tests: those cut count as not good);
 	// 0 waits up to the client's timeout.
 	MaxDrain time.Duration
+	// RouterShares, when set, splits the load of the rows with as many
+	// routers between them in these proportions (--router-shares 60,30,10,
+	// contract §22); nil: even. Each share is positive.
+	RouterShares []float64
 	// Parallel is how many rows are measured at once, each with its own
 	// monitor, fleet and routers (0: DefaultParallel). The capacity's
 	// trials run one at a time.
@@ -397,6 +405,9 @@ type GoodputResult struct {
 	CapacityDocumentsRPS float64      `json:"capacity_documents_rps"`
 	SLO                  SLOms        `json:"slo"`
 	Results              []GoodputRow `json:"results"`
+	// RouterShares is the split of the load between the routers of a row
+	// with as many (nil: even).
+	RouterShares []float64 `json:"-"`
 	// Pending lists the policies not measured yet, with why.
 	Pending []Policy `json:"-"`
 	// Policies are the policies of the run, pending or not.
@@ -448,6 +459,10 @@ type GoodputRow struct {
 	// CPUPct is the host's CPU use over the row: all cores, everything on
 	// the machine, not the benchmark's alone.
 	CPUPct float64 `json:"cpu_pct"`
+	// ByRouter, on the rows of a policy whose routers queue when the load
+	// is split unevenly (GoodputConfig.RouterShares), is each router's
+	// figures, in the order of the shares (contract §22).
+	ByRouter []RouterRow `json:"by_router,omitempty"`
 	// Decode is the decode threshold of a thresholds row (the sweep's
 	// best for thresholds-best), 0 without one.
 	Decode float64 `json:"-"`
@@ -457,6 +472,29 @@ type GoodputRow struct {
 	// Series is the row's course over time, one point a second (of the
 	// first seed), for the report.
 	Series []Point `json:"-"`
+}
+
+// RouterRow is one router's figures in a row, over the attempts it
+// answered (the row's drain included).
+type RouterRow struct {
+	// Share is the share of the load sent to it, of 1.
+	Share float64 `json:"share"`
+	// QueueWaitP90 is the p90 of the waits in its queue of the attempts
+	// that waited (X-Workermon-Queued), in ms; null without one.
+	QueueWaitP90 *float64 `json:"queue_wait_p90_ms"`
+	// RejectedPct is the share of its attempts it answered 503 or 429:
+	// rejected at once, or let go when their wait ran out.
+	RejectedPct float64 `json:"rejected_pct"`
+}
+
+// UnevenShares reports whether shares split a load unevenly.
+func UnevenShares(shares []float64) bool {
+	for _, s := range shares {
+		if s != shares[0] {
+			return true
+		}
+	}
+	return false
 }
 
 // Point is one second of a row, by the requests' arrival.
@@ -485,6 +523,11 @@ func Goodput(ctx context.Context, cfg GoodputConfig) (GoodputResult, error) {
 	start := time.Now()
 	if cfg.Stack == nil {
 		return GoodputResult{}, fmt.Errorf("%w: no stack", ErrInvalidConfig)
+	}
+	for _, sh := range cfg.RouterShares {
+		if !(sh > 0) || math.IsInf(sh, 0) {
+			return GoodputResult{}, fmt.Errorf("%w: router share %v is not a positive number", ErrInvalidConfig, sh)
+		}
 	}
 	if cfg.Seeds < 1 {
 		cfg.Seeds = 1
@@ -516,7 +559,8 @@ func Goodput(ctx context.Context, cfg GoodputConfig) (GoodputResult, error) {
 	}
 	slo := loadgen.SLO{TTFT: prof.SLO.TTFT, ITL: prof.SLO.ITL}
 	res := GoodputResult{SLO: SLOms{TTFT: ms(slo.TTFT), ITL: ms(slo.ITL)}, Profile: GoodputProfile,
-		Workers: GoodputWorkers, Seed: cfg.Seed, Seeds: cfg.Seeds, Scenario: cfg.Timings.Scenario, Results: []GoodputRow{}}
+		Workers: GoodputWorkers, Seed: cfg.Seed, Seeds: cfg.Seeds, Scenario: cfg.Timings.Scenario, Results: []GoodputRow{},
+		RouterShares: cfg.RouterShares}
 	g := &goodput{cfg: cfg, slo: slo}
 	cfg.Progress(fmt.Sprintf("%d %s workers; SLO: TTFT ≤ %v, TPOT ≤ %v (the profile's)", GoodputWorkers, GoodputProfile, slo.TTFT, slo.ITL))
 	if res.CapacityRPS = cfg.Capacity; res.CapacityRPS <= 0 {
@@ -702,6 +746,9 @@ func (g *goodput) measure(ctx context.Context, j *rowJob, caps capacities) error
 	}
 	row.Scenario, row.Policy, row.Routers, row.Retries = j.sc.Name, j.p.Name, j.routers, j.sc.Retries
 	row.Preemptions, row.CPUPct = run.preemptions, run.cpuPct
+	if j.router.QueueMaxWait > 0 && j.routers > 1 && len(g.cfg.RouterShares) == j.routers && UnevenShares(g.cfg.RouterShares) {
+		row.ByRouter = run.byRouter
+	}
 	if v := j.spec.Thresholds.ActiveDecodeBlocks; v != nil {
 		row.Decode = *v
 	}
@@ -1015,6 +1062,18 @@ func median(rows []GoodputRow) GoodputRow {
 	out.TTFTp99 = opt(func(r GoodputRow) *float64 { return r.TTFTp99 })
 	out.ITLp99 = opt(func(r GoodputRow) *float64 { return r.ITLp99 })
 	out.QueueWaitP99 = opt(func(r GoodputRow) *float64 { return r.QueueWaitP99 })
+	out.ByRouter = nil
+	for i := range rows[0].ByRouter {
+		at := func(r GoodputRow) RouterRow {
+			if i < len(r.ByRouter) {
+				return r.ByRouter[i]
+			}
+			return RouterRow{}
+		}
+		out.ByRouter = append(out.ByRouter, RouterRow{Share: rows[0].ByRouter[i].Share,
+			QueueWaitP90: opt(func(r GoodputRow) *float64 { return at(r).QueueWaitP90 }),
+			RejectedPct:  f(func(r GoodputRow) float64 { return at(r).RejectedPct })})
+	}
 	return out
 }
 
@@ -1024,6 +1083,12 @@ func rounded(row GoodputRow) GoodputRow {
 		*v = math.Round(*v*100) / 100
 	}
 	row.AttemptsPerRequest = math.Round(row.AttemptsPerRequest*1000) / 1000
+	row.ByRouter = slices.Clone(row.ByRouter)
+	for i := range row.ByRouter {
+		r := &row.ByRouter[i]
+		r.Share = math.Round(r.Share*1000) / 1000
+		r.RejectedPct = math.Round(r.RejectedPct*100) / 100
+	}
 	return row
 }
 

@@ -40,6 +40,12 @@ func PrintGoodput(w io.Writer, r GoodputResult) {
 			row.FailedPct, row.AttemptsPerRequest, msText(row.QueueWaitP99), row.Preemptions, row.CPUPct)
 	}
 	_ = tw.Flush()
+	if lines := ByRouterLines(r.Results); len(lines) > 0 {
+		fmt.Fprintf(w, "\nby router, load split %s (share: queue wait p90 of the attempts that waited, share of its attempts rejected or expired):\n", sharesText(r.RouterShares))
+		for _, l := range lines {
+			fmt.Fprintf(w, "  %s\n", l)
+		}
+	}
 	for _, p := range r.Pending {
 		fmt.Fprintf(w, "not measured yet: %s, %s\n", p.Name, p.Pending)
 	}
@@ -69,6 +75,32 @@ func Ceilings(results []GoodputRow) []string {
 		}
 	}
 	return out
+}
+
+// ByRouterLines renders the rows with figures per router, one line each:
+// "burst queue, 3 routers: 60 %: 812 ms, 55.0 %; 30 %: …".
+func ByRouterLines(results []GoodputRow) []string {
+	var out []string
+	for _, row := range results {
+		if len(row.ByRouter) == 0 {
+			continue
+		}
+		parts := make([]string, len(row.ByRouter))
+		for i, br := range row.ByRouter {
+			parts[i] = fmt.Sprintf("%.0f %%: %s, %.1f %%", 100*br.Share, msText(br.QueueWaitP90), br.RejectedPct)
+		}
+		out = append(out, fmt.Sprintf("%s %s: %s", row.Scenario, rowName(row), strings.Join(parts, "; ")))
+	}
+	return out
+}
+
+// sharesText renders router shares as "60/30/10".
+func sharesText(shares []float64) string {
+	parts := make([]string, len(shares))
+	for i, s := range shares {
+		parts[i] = strconv.FormatFloat(s, 'g', -1, 64)
+	}
+	return strings.Join(parts, "/")
 }
 
 // msText renders a time in ms, "-" when unknown.

@@ -163,7 +163,16 @@ td:first-child,th:first-child,td:nth-child(2),th:nth-child(2){text-align:left}
 				html.EscapeString(rowName(row)), row.Routers, row.GoodputRPS, row.GoodputPct, row.CeilingPct, msText(row.TTFTp50), msText(row.TTFTp99),
 				msText(row.ITLp99), row.RejectedPct, row.FailedPct, row.AttemptsPerRequest, msText(row.QueueWaitP99), row.Preemptions, row.CPUPct)
 		}
-		b.WriteString("</table>\n</section>\n")
+		b.WriteString("</table>\n")
+		if lines := ByRouterLines(rows); len(lines) > 0 {
+			fmt.Fprintf(&b, "<p class=\"by-router\">By router, load split %s (share: queue wait p90 of the attempts that waited, share of its attempts rejected or expired):</p>\n<ul>\n",
+				html.EscapeString(sharesText(r.RouterShares)))
+			for _, l := range lines {
+				fmt.Fprintf(&b, "<li>%s</li>\n", html.EscapeString(l))
+			}
+			b.WriteString("</ul>\n")
+		}
+		b.WriteString("</section>\n")
 	}
 	b.WriteString("</body></html>\n")
 	return b.String()

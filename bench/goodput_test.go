@@ -3,10 +3,13 @@ package bench
 import (
 	"encoding/json"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -598,5 +601,100 @@ func TestBisect(t *testing.T) {
 	}
 	if _, err := bisect(func(float64) (bool, error) { return false, nil }, 10); err == nil {
 		t.Error("no rate holds: want an error")
+	}
+}
+
+// TestSpread: with shares 60/30/10 each of 3 routers gets exactly its
+// share of the attempts (smooth weighted round-robin), without shares
+// they take turns; each router's figures are of what it answered: the p90
+// of the waits it reported, the share of its attempts it rejected.
+func TestSpread(t *testing.T) {
+	t.Parallel()
+	var urls []string
+	counts := make([]atomic.Int64, 3)
+	for i := range 3 {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			n := counts[i].Add(1)
+			switch i {
+			case 0: // every other attempt waited 100 ms × its number and expired
+				if n%2 == 0 {
+					w.Header().Set("X-Workermon-Queued", strconv.FormatInt(100*n, 10))
+					w.WriteHeader(http.StatusTooManyRequests)
+				}
+			case 1: // each waited 5 ms and was served
+				w.Header().Set("X-Workermon-Queued", "5")
+			case 2: // all rejected at once
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}
+		}))
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+	}
+	send := func(s *spread, n int) {
+		t.Helper()
+		c := &http.Client{Transport: s}
+		for range n {
+			resp, err := c.Get(urls[0] + "/v1/completions")
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+	}
+	s := newSpread(urls, []float64{60, 30, 10})
+	defer s.CloseIdleConnections()
+	send(s, 100)
+	if a, b, c := counts[0].Load(), counts[1].Load(), counts[2].Load(); a != 60 || b != 30 || c != 10 {
+		t.Fatalf("attempts per router %d, %d, %d; want 60, 30, 10", a, b, c)
+	}
+	got := s.byRouter()
+	// Router 0: 30 waits of 200 … 6000 ms, p90 the 27th: 5400 ms.
+	if len(got) != 3 || got[0].Share != 0.6 || got[0].QueueWaitP90 == nil || *got[0].QueueWaitP90 != 5400 || got[0].RejectedPct != 50 ||
+		got[1].Share != 0.3 || got[1].QueueWaitP90 == nil || *got[1].QueueWaitP90 != 5 || got[1].RejectedPct != 0 ||
+		math.Abs(got[2].Share-0.1) > 1e-9 || got[2].QueueWaitP90 != nil || got[2].RejectedPct != 100 {
+		t.Errorf("by router %+v", got)
+	}
+	for i := range counts {
+		counts[i].Store(0)
+	}
+	even := newSpread(urls, nil)
+	defer even.CloseIdleConnections()
+	send(even, 9)
+	if a, b, c := counts[0].Load(), counts[1].Load(), counts[2].Load(); a != 3 || b != 3 || c != 3 {
+		t.Errorf("even: attempts per router %d, %d, %d; want 3 each", a, b, c)
+	}
+	if !UnevenShares([]float64{60, 30, 10}) || UnevenShares([]float64{1, 1, 1}) || UnevenShares(nil) {
+		t.Error("UnevenShares")
+	}
+}
+
+// TestMedianByRouter takes each router's figures' medians over the seeds;
+// the table and the report print them.
+func TestMedianByRouter(t *testing.T) {
+	t.Parallel()
+	f := func(v float64) *float64 { return &v }
+	row := func(w0, r0 float64) GoodputRow {
+		return GoodputRow{Scenario: "burst", Policy: "queue", Routers: 3, ByRouter: []RouterRow{
+			{Share: 0.6, QueueWaitP90: f(w0), RejectedPct: r0}, {Share: 0.3, RejectedPct: 1}, {Share: 0.1, QueueWaitP90: f(7), RejectedPct: 2}}}
+	}
+	m := rounded(median([]GoodputRow{row(800, 50), row(100, 70), row(500, 10)}))
+	if len(m.ByRouter) != 3 || *m.ByRouter[0].QueueWaitP90 != 500 || m.ByRouter[0].RejectedPct != 50 || m.ByRouter[1].QueueWaitP90 != nil ||
+		m.ByRouter[2].RejectedPct != 2 || m.ByRouter[0].Share != 0.6 {
+		t.Errorf("median by router %+v", m.ByRouter)
+	}
+	lines := ByRouterLines([]GoodputRow{m, {Scenario: "burst", Policy: "none", Routers: 1}})
+	if len(lines) != 1 || lines[0] != "burst queue, 3 routers: 60 %: 500 ms, 50.0 %; 30 %: -, 1.0 %; 10 %: 7 ms, 2.0 %" {
+		t.Errorf("lines %q", lines)
+	}
+	page := ReportHTML(GoodputResult{RouterShares: []float64{60, 30, 10}, Results: []GoodputRow{m}})
+	if !strings.Contains(page, "load split 60/30/10") || !strings.Contains(page, "<li>burst queue, 3 routers: 60 %: 500 ms, 50.0 %;") {
+		t.Error("the report lacks the figures by router")
+	}
+	data, _ := json.Marshal(m)
+	if !strings.Contains(string(data), `"by_router":[{"share":0.6,"queue_wait_p90_ms":500,"rejected_pct":50},{"share":0.3,"queue_wait_p90_ms":null,"rejected_pct":1}`) {
+		t.Errorf("JSON %s", data)
+	}
+	if data, _ := json.Marshal(GoodputRow{}); strings.Contains(string(data), "by_router") {
+		t.Errorf("a row without figures by router has by_router: %s", data)
 	}
 }

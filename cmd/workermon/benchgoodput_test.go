@@ -57,7 +57,9 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 		Scenarios: scenarios(t, wmbench.ScenarioRamp, wmbench.ScenarioSpike),
 		Policies:  policies,
 		Seed:      7,
-		Progress:  func(s string) { _, _ = progress.Write([]byte(s + "\n")) },
+		// Uneven: the queue rows with 3 routers give figures per router.
+		RouterShares: []float64{60, 30, 10},
+		Progress:     func(s string) { _, _ = progress.Write([]byte(s + "\n")) },
 	})
 	if err != nil {
 		t.Fatalf("goodput: %v\nprogress:\n%s", err, progress.String())
@@ -72,6 +74,10 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 	var ids []rowID
 	for _, r := range res.Results {
 		ids = append(ids, rowID{r.Scenario, r.Policy, r.Routers})
+		if byRouter := r.Policy == wmbench.PolicyQueue && r.Routers == 3; byRouter != (len(r.ByRouter) == 3) ||
+			byRouter && (r.ByRouter[0].Share != 0.6 || r.ByRouter[1].Share != 0.3 || r.ByRouter[2].Share != 0.1) {
+			t.Errorf("row %s %s, %d routers: by router %+v; want shares 0.6, 0.3, 0.1 on the queue rows with 3 routers only", r.Scenario, r.Policy, r.Routers, r.ByRouter)
+		}
 		if r.AttemptsPerRequest < 1 || r.FailedPct < 0 || r.FailedPct > 100 || (r.Retries == 2) != (r.Scenario == wmbench.ScenarioSpike) {
 			t.Errorf("row %s %s: %v attempts a request, failed %v %%, clients retry %d times", r.Scenario, r.Policy, r.AttemptsPerRequest, r.FailedPct, r.Retries)
 		}
@@ -172,6 +178,12 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 		"rejected_pct", "routers", "scenario", "ttft_p50_ms", "ttft_p99_ms"}
 	for _, r := range rows {
 		row := r.(map[string]any)
+		if br, ok := row["by_router"].([]any); ok && len(br) == 3 {
+			if got, want := keys(br[0].(map[string]any)), []string{"queue_wait_p90_ms", "rejected_pct", "share"}; !slices.Equal(got, want) {
+				t.Errorf("by_router keys %v, want %v", got, want)
+			}
+			delete(row, "by_router")
+		}
 		if got := keys(row); !slices.Equal(got, keysWant) {
 			t.Errorf("row keys %v, want %v", got, keysWant)
 		}
@@ -189,7 +201,7 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 	var table bytes.Buffer
 	wmbench.PrintGoodput(&table, res)
 	for _, s := range []string{"SLO (the profile's): TTFT ≤ 1000 ms, TPOT ≤ 50 ms", "capacity", "thresholds-best (",
-		"queue: ", "slo: ", "committed: serve --kv-committed-threshold 1 --queue-delay-threshold-ms 500", "ceilings", "ramp 37.50/s", "% of ceil.", "host CPU"} {
+		"queue: ", "slo: ", "by router, load split 60/30/10", "ramp queue, 3 routers: 60 %: ", "committed: serve --kv-committed-threshold 1 --queue-delay-threshold-ms 500", "ceilings", "ramp 37.50/s", "% of ceil.", "host CPU"} {
 		if !strings.Contains(table.String(), s) {
 			t.Errorf("the table lacks %q:\n%s", s, table.String())
 		}
