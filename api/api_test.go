@@ -204,6 +204,15 @@ func TestPostErrors(t *testing.T) {
 		{"tokens huge exponent", request{body: `{"model":"m","active_prefill_tokens_threshold":1e999999999}`, header: auth}, 400, "out of range"},
 		{"tokens string", request{body: `{"model":"m","active_prefill_tokens_threshold":"100"}`, header: auth}, 422, "not a string"},
 		{"tokens array", request{body: `{"model":"m","active_prefill_tokens_threshold":[1]}`, header: auth}, 422, "not an array"},
+		{"committed above 4", request{body: `{"model":"m","kv_committed_threshold":4.01}`, header: auth}, 400, "between 0 and 4"},
+		{"committed negative", request{body: `{"model":"m","kv_committed_threshold":-0.5}`, header: auth}, 400, "out of range"},
+		{"committed NaN literal", request{body: `{"model":"m","kv_committed_threshold":NaN}`, header: auth}, 400, "NaN and Infinity"},
+		{"committed string", request{body: `{"model":"m","kv_committed_threshold":"1"}`, header: auth}, 422, "not a string"},
+		{"delay negative", request{body: `{"model":"m","queue_delay_threshold_ms":-1}`, header: auth}, 400, "out of range"},
+		{"delay fraction", request{body: `{"model":"m","queue_delay_threshold_ms":2.5}`, header: auth}, 422, "not a whole number: it must be a whole number of milliseconds"},
+		{"delay over uint64", request{body: `{"model":"m","queue_delay_threshold_ms":18446744073709551616}`, header: auth}, 400, "at most 18446744073709551615"},
+		{"delay boolean", request{body: `{"model":"m","queue_delay_threshold_ms":false}`, header: auth}, 422, "not a boolean"},
+		{"delay set without token", request{body: `{"model":"m","queue_delay_threshold_ms":100}`}, 401, "Authorization: Bearer"},
 		{"unknown model set", request{body: `{"model":"nobody","active_decode_blocks_threshold":0.5}`, header: auth}, 404, `"nobody" is not known`},
 		{"unknown model get", request{body: `{"model":"nobody"}`}, 404, `"nobody" is not known`},
 		{"set without token", request{body: `{"model":"m","active_decode_blocks_threshold":0.5}`}, 401, "Authorization: Bearer"},
@@ -274,6 +283,19 @@ func TestSet(t *testing.T) {
 	got = post(`{"model":"old/record-only","active_prefill_tokens_threshold_frac":0}`)
 	if got.ActivePrefillTokensFrac == nil || *got.ActivePrefillTokensFrac != 0 {
 		t.Errorf("record-only model: %+v", got)
+	}
+	// The thresholds of contract §21 merge like the others.
+	got = post(`{"model":"Qwen/Qwen3-0.6B","kv_committed_threshold":1.25,"queue_delay_threshold_ms":300}`)
+	want.Thresholds.KVCommitted, want.Thresholds.QueueDelayMs = events.Ptr(1.25), events.Ptr[uint64](300)
+	if !got.Equal(want.Thresholds) {
+		t.Fatalf("reply %+v, want %+v", got, want)
+	}
+	if stored, _ := f.store.override(testModel); !stored.Equal(want.Thresholds) {
+		t.Errorf("stored %+v, want %+v", stored, want.Thresholds)
+	}
+	got = post(`{"model":"Qwen/Qwen3-0.6B","kv_committed_threshold":4,"queue_delay_threshold_ms":0}`)
+	if *got.KVCommitted != 4 || *got.QueueDelayMs != 0 {
+		t.Fatalf("bounds: %+v", got)
 	}
 	f.store.bad["bad/override"] = true
 	got = post(`{"model":"bad/override","active_decode_blocks_threshold":1}`)
@@ -449,12 +471,12 @@ func TestInspect(t *testing.T) {
 		status int
 		want   string
 	}{
-		{"/busy", 200, `{"records":[{"model":"a","busy":[1],"free":[],"stale":[],"all_busy":true,"amber":[],"hard":[1],"reasons":{"1":"kv"},"thresholds":{"active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null},"routers":0},` +
-			`{"model":"Qwen/Qwen3-0.6B","busy":[],"free":[2,3],"stale":[],"all_busy":false,"amber":[3],"hard":[],"reasons":{},"thresholds":{"active_decode_blocks_threshold":null,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null},"routers":2}]}`},
+		{"/busy", 200, `{"records":[{"model":"a","busy":[1],"free":[],"stale":[],"all_busy":true,"amber":[],"hard":[1],"reasons":{"1":"kv"},"thresholds":{"active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null},"routers":0,"saturation":0},` +
+			`{"model":"Qwen/Qwen3-0.6B","busy":[],"free":[2,3],"stale":[],"all_busy":false,"amber":[3],"hard":[],"reasons":{},"thresholds":{"active_decode_blocks_threshold":null,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null},"routers":2,"saturation":0}]}`},
 		{"/busy?model=nobody", 200, `{"records":[]}`},
 		{"/workers?model=a", 200, `{"workers":[{"model":"a","worker_id":1,"state":"busy","reason":"kv","sources":["engine"],"ranks":[0],"age_seconds":0}]}`},
 		{"/workers?model=nobody", 200, `{"workers":[]}`},
-		{"/loads?model=a", 200, `{"loads":[{"model":"a","worker_id":1,"dp_rank":0,"active_decode_blocks":90,"kv_total_blocks":100,"active_prefill_tokens":0,"max_num_batched_tokens":0,"sources":{},"busy":true,"reason":"kv","stale":false,"age_seconds":0}]}`},
+		{"/loads?model=a", 200, `{"loads":[{"model":"a","worker_id":1,"dp_rank":0,"active_decode_blocks":90,"kv_total_blocks":100,"active_prefill_tokens":0,"max_num_batched_tokens":0,"kv_committed_blocks":null,"waiting_requests":null,"running_requests":null,"preemptions":null,"prefilled_tokens":null,"prefill_rate":null,"queue_delay_ms":null,"preemption_rate":null,"saturation":0,"sources":{},"busy":true,"reason":"kv","stale":false,"age_seconds":0}]}`},
 		{"/loads?model=nobody", 200, `{"loads":[]}`},
 		{"/loads?model=" + strings.Repeat("x", 300), 400, `{"error":"model \"` + strings.Repeat("x", 64) + `\"… (300 bytes) is not a valid model name: it must be 1 to 256 bytes of UTF-8"}`},
 	}

@@ -50,13 +50,17 @@ type Record struct {
 	Amber []uint64 `json:"amber"`
 	Hard  []uint64 `json:"hard"`
 	// Reasons says why each busy worker is busy, keyed by its id in
-	// decimal: kv, prefill or kv+prefill.
+	// decimal: cordoned, or kv, prefill, kv_committed, queue_delay joined
+	// by "+" in that order.
 	Reasons map[string]string `json:"reasons"`
 	// Thresholds are those the busy set was computed with.
 	Thresholds events.Thresholds `json:"thresholds"`
 	// Routers is the number of routers with a fresh estimate for the model
 	// (contract §17): their queues pace themselves by it.
 	Routers uint64 `json:"routers"`
+	// Saturation is the mean saturation of the model's fresh, uncordoned
+	// workers, rounded to 0.01 (contract §21).
+	Saturation float64 `json:"saturation"`
 }
 
 // RecordsReply is the reply of GET /busy, sorted by model.
@@ -72,7 +76,8 @@ type ErrorReply struct {
 // recordOf converts a monitor record, with empty lists and maps, never nil.
 func recordOf(b events.BusySet) Record {
 	r := Record{Model: b.Model, Busy: b.Busy, Free: b.Free, Stale: b.Stale, AllBusy: b.AllBusy,
-		Amber: b.Amber, Hard: b.Hard, Reasons: b.Reasons, Thresholds: b.Thresholds, Routers: b.Routers}
+		Amber: b.Amber, Hard: b.Hard, Reasons: b.Reasons, Thresholds: b.Thresholds, Routers: b.Routers,
+		Saturation: b.Saturation}
 	for _, l := range []*[]uint64{&r.Busy, &r.Free, &r.Stale, &r.Amber, &r.Hard} {
 		if *l == nil {
 			*l = []uint64{}

@@ -201,6 +201,13 @@ func TestThresholdsUnderEnforcedSLO(t *testing.T) {
 		!json.Valid(rec.Body.Bytes()) {
 		t.Fatalf("setting POST = %d %s, want 409", rec.Code, rec.Body)
 	}
+	// The 409 covers the thresholds of contract §21 too.
+	for _, body := range []string{`{"model":"` + testModel + `","kv_committed_threshold":1}`,
+		`{"model":"` + testModel + `","queue_delay_threshold_ms":200}`} {
+		if rec := f.do(t, request{method: "POST", target: "/busy_threshold", body: body}); rec.Code != http.StatusConflict {
+			t.Fatalf("setting POST %s = %d %s, want 409", body, rec.Code, rec.Body)
+		}
+	}
 	if rec := f.do(t, request{method: "DELETE", target: "/busy_threshold?model=" + testModel}); rec.Code != http.StatusConflict {
 		t.Fatalf("DELETE = %d %s, want 409", rec.Code, rec.Body)
 	}

@@ -348,9 +348,12 @@ func (w *Writer) Set(set events.BusySet) {
 	w.mu.Lock()
 	w.known[set.Model] = struct{}{}
 	rec := w.recordLocked(set.Model)
-	// Only Set writes rec.content, so a record that has content has the
-	// last set given.
+	// Only Set and SetSaturation write rec.content, so a record that has
+	// content has the last set given.
 	if same && rec.has && !rec.del && !rec.orphan {
+		// A change of saturation alone is kept for the next write, never
+		// written on its own (contract §21).
+		rec.content.Saturation = set.Saturation
 		w.mu.Unlock()
 		return
 	}
@@ -363,6 +366,27 @@ func (w *Writer) Set(set events.BusySet) {
 	if op != nil {
 		w.send(op)
 	}
+}
+
+// SetSaturation records a new saturation of a model whose record is
+// otherwise unchanged (monitor.SaturationSink): the record's next write,
+// its heartbeat or the next change, carries it, and nothing is written for
+// it now (contract §21). A model without a record given is ignored. It
+// never blocks.
+func (w *Writer) SetSaturation(model string, saturation float64) {
+	w.givenMu.Lock()
+	defer w.givenMu.Unlock()
+	last, ok := w.given[model]
+	if !ok {
+		return
+	}
+	last.Saturation = saturation
+	w.given[model] = last
+	w.mu.Lock()
+	if rec := w.recs[model]; rec != nil && rec.has && !rec.del {
+		rec.content.Saturation = saturation
+	}
+	w.mu.Unlock()
 }
 
 // Pending reports whether a record of model given by Set or Delete has not

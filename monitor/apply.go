@@ -64,6 +64,7 @@ type state struct {
 	seen       map[string]struct{}            // models seen in a report since start, bounded
 	timers     timers
 	dirty      []*model // models with dirty set, each once
+	satDirty   []*model // models with satQueued set, each once
 	deferred   []*model // scratch of flushRecords
 	sc         scratch
 
@@ -324,10 +325,17 @@ func (s *state) applyReport(r *events.LoadReport, subject string, unchecked bool
 	if rs.subject != subject {
 		rs.subject = subject
 	}
-	for i, o := range [numSignals]events.Optional{r.ActiveDecodeBlocks, r.KVTotalBlocks, r.ActivePrefillTokens, r.MaxNumBatchedTokens} {
-		if o.Set {
-			rs.load[i] = o
+	for i, o := range reportSignals(r) {
+		switch {
+		case !o.Set, engineOnly[i] && src.router:
+			continue
+		case counterNames[i] != "" && rs.load[i].Set && o.Value < rs.load[i].Value:
+			// A counter that goes down within a boot (contract §21): this
+			// field of the report is dropped, the rest applies.
+			s.metrics.counterDecreases[i].Inc()
+			continue
 		}
+		rs.load[i] = o
 	}
 	rs.heard = now
 	if src.router {
@@ -372,6 +380,7 @@ func (s *state) applyGoodbye(g *events.Goodbye, now time.Time) string {
 	w.sources = nil
 	w.left, w.leftBoot, w.leftSentAt, w.leftAt = true, g.BootID, g.SentAt, now
 	m.setClass(w, ClassNone, 0, LevelFree)
+	s.setSaturation(w, false, 0)
 	s.markDirty(m)
 	s.timers.scheduleAt(w, now.Add(s.cfg.GoneAfter))
 	return ""
@@ -406,14 +415,29 @@ func (s *state) evaluate(w *worker, now time.Time) {
 	if w.left {
 		return
 	}
-	c, r, lvl := classify(w.model.thresholds, s.cfg.fractions(), w, s.cfg.ReleaseMargin, now.Add(-s.cfg.StaleAfter), &s.sc)
-	if (c == ClassFree || c == ClassBusy) && s.cordoned(w.model.name, w.id) {
+	c, r, lvl, sat := classify(w.model.thresholds, s.cfg.fractions(), w, s.cfg.ReleaseMargin, now,
+		now.Add(-s.cfg.StaleAfter), s.cfg.RateWindow, &s.sc)
+	counted := c == ClassFree || c == ClassBusy
+	if counted && s.cordoned(w.model.name, w.id) {
 		// A cordoned worker gets nothing new, critical requests included
-		// (contract §12): it is listed busy and hard.
-		c, r, lvl = ClassBusy, ReasonCordoned, LevelHard
+		// (contract §12): it is listed busy and hard, and left out of the
+		// model's saturation (§21).
+		c, r, lvl, counted = ClassBusy, ReasonCordoned, LevelHard, false
 	}
 	w.model.setClass(w, c, r, lvl)
 	s.markDirty(w.model)
+	s.setSaturation(w, counted, sat)
+}
+
+// setSaturation puts w's saturation in its model's mean (counted) or takes
+// it out; a change of the mean alone is handed over at the next flush
+// without a record build (contract §21: never written on its own).
+func (s *state) setSaturation(w *worker, counted bool, sat float64) {
+	m := w.model
+	if m.setSaturation(w, counted, sat) && !m.satQueued {
+		m.satQueued = true
+		s.satDirty = append(s.satDirty, m)
+	}
 }
 
 // markDirty queues m for the next flush if its record changed.
@@ -494,6 +518,7 @@ func (s *state) removeWorker(w *worker) {
 	m := w.model
 	s.timers.remove(w)
 	m.setClass(w, ClassNone, 0, LevelFree)
+	s.setSaturation(w, false, 0)
 	delete(m.workers, w.id)
 	if len(m.workers) == 0 {
 		// flush deletes the record. setClass did not mark it when w had
@@ -609,6 +634,36 @@ func (s *state) recomputeThresholds(model string) {
 	}
 }
 
+// SaturationSink is a Sink that takes a change of a model's saturation
+// alone (contract §21): it keeps the value for the record's next write,
+// the next heartbeat or the next other change, and writes nothing for it.
+// Without it, a record carries the saturation of its last build.
+type SaturationSink interface {
+	Sink
+	SetSaturation(model string, saturation float64)
+}
+
+// flushSaturation exports the mean saturation of the models whose mean
+// changed and hands a changed rounded value to a SaturationSink. A model
+// with a record still to build is left to it.
+func (s *state) flushSaturation() {
+	ss, _ := s.sink.(SaturationSink)
+	for _, m := range s.satDirty {
+		m.satQueued = false
+		if s.models[m.name] != m || !m.metrics.resolved {
+			continue // gone, or without a record yet
+		}
+		mean := m.saturation()
+		m.metrics.saturation.Set(mean)
+		if r := events.RoundSaturation(mean); ss != nil && !m.dirty && r != m.satGiven {
+			m.satGiven = r
+			ss.SetSaturation(m.name, r)
+		}
+	}
+	clear(s.satDirty)
+	s.satDirty = s.satDirty[:0]
+}
+
 // flush hands the changed records to the Sink (see flushRecords), and
 // deletes the records of models with no worker left.
 func (s *state) flush() { s.flushRecords(false) }
@@ -644,7 +699,9 @@ func (s *state) flushRecords(all bool) {
 		}
 		s.sink.Set(rec)
 		m.metrics.setWorkers(m)
+		m.metrics.saturation.Set(m.saturation())
 	}
+	s.flushSaturation()
 	clear(s.dirty)
 	s.dirty = append(s.dirty[:0], deferred...)
 	clear(deferred)

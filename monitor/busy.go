@@ -2,6 +2,7 @@ package monitor
 
 import (
 	"math"
+	"strings"
 
 	"github.com/workermon/workermon/events"
 )
@@ -16,23 +17,44 @@ const (
 	// ReasonCordoned: an operator cordoned the worker (contract §12); it
 	// outranks the others in a record.
 	ReasonCordoned
+	// ReasonKVCommitted and ReasonQueueDelay are the leading checks of
+	// contract §21.
+	ReasonKVCommitted
+	ReasonQueueDelay
 )
 
-// String returns the contract's spelling: "kv", "prefill", "kv+prefill",
-// "cordoned", or "" when not busy.
+// reasonNames are the record's spellings of the combinations of the four
+// check reasons, indexed by kv | prefill<<1 | kv_committed<<2 |
+// queue_delay<<3: the names joined by "+" in that order (contract §21),
+// built once so that naming a reason allocates nothing.
+var reasonNames = func() [16]string {
+	var out [16]string
+	names := [...]string{events.ReasonKV, events.ReasonPrefill, events.ReasonKVCommitted, events.ReasonQueueDelay}
+	for i := range out {
+		var parts []string
+		for b, n := range names {
+			if i&(1<<b) != 0 {
+				parts = append(parts, n)
+			}
+		}
+		out[i] = strings.Join(parts, events.ReasonSep)
+	}
+	return out
+}()
+
+// index is r's index in reasonNames.
+func (r Reason) index() int {
+	return int(r&(ReasonKV|ReasonPrefill)) | int(r&(ReasonKVCommitted|ReasonQueueDelay))>>1
+}
+
+// String returns the contract's spelling: "kv", "prefill",
+// "kv_committed", "queue_delay" or several of them joined by "+" in that
+// order ("kv+prefill"), "cordoned", or "" when not busy.
 func (r Reason) String() string {
 	if r&ReasonCordoned != 0 {
 		return events.ReasonCordoned
 	}
-	switch r {
-	case ReasonKV:
-		return events.ReasonKV
-	case ReasonPrefill:
-		return events.ReasonPrefill
-	case ReasonKV | ReasonPrefill:
-		return events.ReasonKVPrefill
-	}
-	return ""
+	return reasonNames[r.index()]
 }
 
 // RankLoad is one rank's load as the busy rules see it: for each signal the
@@ -43,6 +65,14 @@ type RankLoad struct {
 	KVTotalBlocks       uint64
 	ActivePrefillTokens uint64
 	MaxNumBatchedTokens uint64
+	// KVCommittedBlocks is the larger of the engine's value and the sum of
+	// the routers' estimates (contract §21).
+	KVCommittedBlocks uint64
+	// QueueDelayMs is the predicted queue delay, active_prefill_tokens ÷
+	// the prefill rate, in milliseconds; QueueDelayKnown is false while the
+	// prefill rate is unknown, and the queue-delay check does not apply.
+	QueueDelayMs    float64
+	QueueDelayKnown bool
 }
 
 // RankBusy applies the busy rules of the contract (§5) to one rank. Every
@@ -51,7 +81,7 @@ func RankBusy(t events.Thresholds, l RankLoad) Reason {
 	return RankChecks(t, l, 0, 0).Reason()
 }
 
-// Checks is a set of the three busy checks of a rank.
+// Checks is a set of the busy checks of a rank.
 type Checks uint8
 
 // The busy checks.
@@ -59,8 +89,10 @@ const (
 	CheckDecode      Checks = 1 << iota // active_decode_blocks_threshold
 	CheckPrefill                        // active_prefill_tokens_threshold
 	CheckPrefillFrac                    // active_prefill_tokens_threshold_frac
+	CheckKVCommitted                    // kv_committed_threshold (§21)
+	CheckQueueDelay                     // queue_delay_threshold_ms (§21)
 	checkPrefillBoth = CheckPrefill | CheckPrefillFrac
-	checkAll         = CheckDecode | checkPrefillBoth
+	checkAll         = CheckDecode | checkPrefillBoth | CheckKVCommitted | CheckQueueDelay
 )
 
 // Reason is the busy reason of the checks that hold.
@@ -72,21 +104,33 @@ func (c Checks) Reason() Reason {
 	if c&checkPrefillBoth != 0 {
 		r |= ReasonPrefill
 	}
+	if c&CheckKVCommitted != 0 {
+		r |= ReasonKVCommitted
+	}
+	if c&CheckQueueDelay != 0 {
+		r |= ReasonQueueDelay
+	}
 	return r
 }
 
 // latchOf is what a record's reason says of the checks that made a worker
-// busy, to seed the latch of a new writer (contract §12).
+// busy, to seed the latch of a new writer (contract §12): the checks of
+// each name joined by "+".
 func latchOf(reason string) Checks {
-	switch reason {
-	case events.ReasonKV:
-		return CheckDecode
-	case events.ReasonPrefill:
-		return checkPrefillBoth
-	case events.ReasonKVPrefill:
-		return checkAll
+	var c Checks
+	for name := range strings.SplitSeq(reason, events.ReasonSep) {
+		switch name {
+		case events.ReasonKV:
+			c |= CheckDecode
+		case events.ReasonPrefill:
+			c |= checkPrefillBoth
+		case events.ReasonKVCommitted:
+			c |= CheckKVCommitted
+		case events.ReasonQueueDelay:
+			c |= CheckQueueDelay
+		}
 	}
-	return 0
+	return c
 }
 
 // RankChecks applies the busy rules with hysteresis (contract §12) to one
@@ -244,7 +288,72 @@ func checksAt(t events.Thresholds, l RankLoad, frac float64, capDecode, busy boo
 			c |= CheckPrefillFrac
 		}
 	}
+	if t.KVCommitted != nil && l.KVTotalBlocks > 0 {
+		// Committed blocks may exceed the cache (overcommit, §21): the
+		// hard level is not capped.
+		level := frac * *t.KVCommitted * float64(l.KVTotalBlocks)
+		if latched&CheckKVCommitted != 0 {
+			level = release * frac * *t.KVCommitted * float64(l.KVTotalBlocks)
+		}
+		if float64(l.KVCommittedBlocks) > level {
+			c |= CheckKVCommitted
+		}
+	}
+	if t.QueueDelayMs != nil && l.QueueDelayKnown {
+		level := frac * float64(*t.QueueDelayMs)
+		if latched&CheckQueueDelay != 0 {
+			level = release * frac * float64(*t.QueueDelayMs)
+		}
+		if l.QueueDelayMs > level {
+			c |= CheckQueueDelay
+		}
+	}
 	return c
+}
+
+// MaxSaturation caps a saturation (contract §21).
+const MaxSaturation = 4
+
+// RankSaturation is a rank's saturation (contract §21): the largest value ÷
+// limit over the checks of t that can apply to l (0 when none), a limit of 0
+// giving 0 for a value of 0 and MaxSaturation otherwise, capped at
+// MaxSaturation. The limits are the busy levels of checksAt: t × total
+// blocks (decode and committed, only when the total is known), the token
+// threshold, trunc(frac × max_num_batched_tokens), the delay threshold
+// (only while the prefill rate is known). A rank is busy exactly when its
+// saturation is above 1, hysteresis aside.
+func RankSaturation(t events.Thresholds, l RankLoad) float64 {
+	s := 0.0
+	ratio := func(value, limit float64) {
+		r := 0.0
+		switch {
+		case limit > 0:
+			r = value / limit
+		case value > 0:
+			r = MaxSaturation
+		}
+		s = max(s, r)
+	}
+	if t.ActiveDecodeBlocks != nil && l.KVTotalBlocks > 0 {
+		ratio(float64(l.ActiveDecodeBlocks), *t.ActiveDecodeBlocks*float64(l.KVTotalBlocks))
+	}
+	if t.ActivePrefillTokens != nil {
+		ratio(float64(l.ActivePrefillTokens), float64(*t.ActivePrefillTokens))
+	}
+	if t.ActivePrefillTokensFrac != nil {
+		capacity := l.MaxNumBatchedTokens
+		if capacity == 0 {
+			capacity = events.DefaultMaxNumBatchedTokens
+		}
+		ratio(float64(l.ActivePrefillTokens), math.Trunc(*t.ActivePrefillTokensFrac*float64(capacity)))
+	}
+	if t.KVCommitted != nil && l.KVTotalBlocks > 0 {
+		ratio(float64(l.KVCommittedBlocks), *t.KVCommitted*float64(l.KVTotalBlocks))
+	}
+	if t.QueueDelayMs != nil && l.QueueDelayKnown {
+		ratio(l.QueueDelayMs, float64(*t.QueueDelayMs))
+	}
+	return min(s, MaxSaturation)
 }
 
 // Class is a worker's place in a record.

@@ -16,13 +16,15 @@ func TestRankBusy(t *testing.T) {
 	pf := func(v uint64) events.Thresholds { return events.Thresholds{ActivePrefillTokens: &v} }
 	frac := func(v float64) events.Thresholds { return events.Thresholds{ActivePrefillTokensFrac: &v} }
 	all := events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.5), ActivePrefillTokens: events.Ptr[uint64](10)}
+	kc := func(v float64) events.Thresholds { return events.Thresholds{KVCommitted: &v} }
+	qd := func(v uint64) events.Thresholds { return events.Thresholds{QueueDelayMs: &v} }
 	tests := []struct {
 		name string
 		t    events.Thresholds
 		l    RankLoad
 		want Reason
 	}{
-		{"none set, huge load", events.Thresholds{}, RankLoad{1e9, 1, 1e9, 1}, 0},
+		{"none set, huge load", events.Thresholds{}, RankLoad{ActiveDecodeBlocks: 1e9, KVTotalBlocks: 1, ActivePrefillTokens: 1e9, MaxNumBatchedTokens: 1, KVCommittedBlocks: 1e9, QueueDelayMs: 1e9, QueueDelayKnown: true}, 0},
 		{"kv exactly at threshold", kv(0.8), RankLoad{ActiveDecodeBlocks: 80, KVTotalBlocks: 100}, 0},
 		{"kv one above", kv(0.8), RankLoad{ActiveDecodeBlocks: 81, KVTotalBlocks: 100}, ReasonKV},
 		{"kv total unknown", kv(0.8), RankLoad{ActiveDecodeBlocks: 1000}, 0},
@@ -47,6 +49,21 @@ func TestRankBusy(t *testing.T) {
 		{"both checks, kv only", all, RankLoad{ActiveDecodeBlocks: 51, KVTotalBlocks: 100, ActivePrefillTokens: 10}, ReasonKV},
 		{"both checks, prefill only", all, RankLoad{ActiveDecodeBlocks: 50, KVTotalBlocks: 100, ActivePrefillTokens: 11}, ReasonPrefill},
 		{"both checks, both", all, RankLoad{ActiveDecodeBlocks: 51, KVTotalBlocks: 100, ActivePrefillTokens: 11}, ReasonKV | ReasonPrefill},
+		// Contract §21.
+		{"committed at threshold", kc(1.5), RankLoad{KVCommittedBlocks: 150, KVTotalBlocks: 100}, 0},
+		{"committed one above", kc(1.5), RankLoad{KVCommittedBlocks: 151, KVTotalBlocks: 100}, ReasonKVCommitted},
+		{"committed total unknown", kc(0.5), RankLoad{KVCommittedBlocks: 1_000_000}, 0},
+		{"committed threshold 0, one block", kc(0), RankLoad{KVCommittedBlocks: 1, KVTotalBlocks: 100}, ReasonKVCommitted},
+		{"committed threshold 4", kc(4), RankLoad{KVCommittedBlocks: 401, KVTotalBlocks: 100}, ReasonKVCommitted},
+		{"committed float64 as written", kc(0.1), RankLoad{KVCommittedBlocks: 3, KVTotalBlocks: 30}, 0},
+		{"delay at threshold", qd(200), RankLoad{QueueDelayMs: 200, QueueDelayKnown: true}, 0},
+		{"delay above", qd(200), RankLoad{QueueDelayMs: 200.001, QueueDelayKnown: true}, ReasonQueueDelay},
+		{"delay unknown rate", qd(0), RankLoad{QueueDelayMs: 1e9, ActivePrefillTokens: 1e9}, 0},
+		{"delay threshold 0, idle", qd(0), RankLoad{QueueDelayKnown: true}, 0},
+		{"every check", events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.5), ActivePrefillTokens: events.Ptr[uint64](10),
+			KVCommitted: events.Ptr(1.0), QueueDelayMs: events.Ptr[uint64](100)},
+			RankLoad{ActiveDecodeBlocks: 51, KVTotalBlocks: 100, ActivePrefillTokens: 11, KVCommittedBlocks: 101, QueueDelayMs: 101, QueueDelayKnown: true},
+			ReasonKV | ReasonPrefill | ReasonKVCommitted | ReasonQueueDelay},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -55,15 +72,6 @@ func TestRankBusy(t *testing.T) {
 				t.Fatalf("RankBusy = %q, want %q", got, tt.want)
 			}
 		})
-	}
-}
-
-func TestReasonString(t *testing.T) {
-	t.Parallel()
-	for r, want := range map[Reason]string{0: "", ReasonKV: "kv", ReasonPrefill: "prefill", ReasonKV | ReasonPrefill: "kv+prefill"} {
-		if got := r.String(); got != want {
-			t.Errorf("%d.String() = %q, want %q", r, got, want)
-		}
 	}
 }
 
@@ -154,7 +162,7 @@ func TestClassify(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var sc scratch
-			c, r, _ := classify(th, Fractions{Shed: DefaultShedFraction, Critical: DefaultCriticalFraction}, &worker{sources: sourcesOf(tt.sources)}, 0, freshAfter, &sc)
+			c, r, _, _ := classify(th, Fractions{Shed: DefaultShedFraction, Critical: DefaultCriticalFraction}, &worker{sources: sourcesOf(tt.sources)}, 0, now, freshAfter, DefaultRateWindow, &sc)
 			if c != tt.wantClass || r != tt.wantReason {
 				t.Fatalf("classify = %v %q, want %v %q", c, r, tt.wantClass, tt.wantReason)
 			}
@@ -191,6 +199,8 @@ func TestRankChecksHysteresis(t *testing.T) {
 	pf := events.Thresholds{ActivePrefillTokens: events.Ptr[uint64](1000)}
 	frac := events.Thresholds{ActivePrefillTokensFrac: events.Ptr(0.5)}
 	both := events.Thresholds{ActiveDecodeBlocks: events.Ptr(0.8), ActivePrefillTokens: events.Ptr[uint64](1000)}
+	kc := events.Thresholds{KVCommitted: events.Ptr(1.5)}
+	qd := events.Thresholds{QueueDelayMs: events.Ptr[uint64](200)}
 	tests := []struct {
 		name    string
 		t       events.Thresholds
@@ -221,6 +231,15 @@ func TestRankChecksHysteresis(t *testing.T) {
 		{"kv latched, prefill between", both, RankLoad{ActiveDecodeBlocks: 75, KVTotalBlocks: 100, ActivePrefillTokens: 950}, 0.1, CheckDecode, CheckDecode},
 		{"kv released, prefill between not latched", both, RankLoad{ActiveDecodeBlocks: 70, KVTotalBlocks: 100, ActivePrefillTokens: 950}, 0.1, CheckDecode, 0},
 		{"both latched, only prefill holds", both, RankLoad{ActiveDecodeBlocks: 70, KVTotalBlocks: 100, ActivePrefillTokens: 950}, 0.1, CheckDecode | CheckPrefill, CheckPrefill},
+		// Committed 1.5 × 100: release (1 − 0.1) × 1.5 × 100 = 135.
+		{"committed not latched, 140", kc, RankLoad{KVCommittedBlocks: 140, KVTotalBlocks: 100}, 0.1, 0, 0},
+		{"committed latched, 136", kc, RankLoad{KVCommittedBlocks: 136, KVTotalBlocks: 100}, 0.1, CheckKVCommitted, CheckKVCommitted},
+		{"committed latched, 135", kc, RankLoad{KVCommittedBlocks: 135, KVTotalBlocks: 100}, 0.1, CheckKVCommitted, 0},
+		// Delay 200 ms: release 0.9 × 200 = 180.
+		{"delay not latched, 190", qd, RankLoad{QueueDelayMs: 190, QueueDelayKnown: true}, 0.1, 0, 0},
+		{"delay latched, 181", qd, RankLoad{QueueDelayMs: 181, QueueDelayKnown: true}, 0.1, CheckQueueDelay, CheckQueueDelay},
+		{"delay latched, 180", qd, RankLoad{QueueDelayMs: 180, QueueDelayKnown: true}, 0.1, CheckQueueDelay, 0},
+		{"delay latched, rate unknown", qd, RankLoad{QueueDelayMs: 1000}, 0.1, CheckQueueDelay, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -237,6 +256,10 @@ func TestLatchOf(t *testing.T) {
 	for reason, want := range map[string]Checks{
 		"kv": CheckDecode, "prefill": CheckPrefill | CheckPrefillFrac, "kv+prefill": CheckDecode | CheckPrefill | CheckPrefillFrac,
 		"cordoned": 0, "": 0, "bogus": 0,
+		"kv_committed": CheckKVCommitted, "queue_delay": CheckQueueDelay,
+		"prefill+queue_delay":                 CheckPrefill | CheckPrefillFrac | CheckQueueDelay,
+		"kv+prefill+kv_committed+queue_delay": checkAll,
+		"kv_committed+bogus":                  CheckKVCommitted,
 	} {
 		if got := latchOf(reason); got != want {
 			t.Errorf("latchOf(%q) = %03b, want %03b", reason, got, want)
@@ -254,6 +277,10 @@ func TestRankLevel(t *testing.T) {
 	frac := func(v float64) events.Thresholds { return events.Thresholds{ActivePrefillTokensFrac: &v} }
 	def := Fractions{Shed: DefaultShedFraction, Critical: DefaultCriticalFraction}
 	blocks := func(n uint64) RankLoad { return RankLoad{ActiveDecodeBlocks: n, KVTotalBlocks: 100} }
+	kc := func(v float64) events.Thresholds { return events.Thresholds{KVCommitted: &v} }
+	qd := func(v uint64) events.Thresholds { return events.Thresholds{QueueDelayMs: &v} }
+	committed := func(n uint64) RankLoad { return RankLoad{KVCommittedBlocks: n, KVTotalBlocks: 100} }
+	delay := func(ms float64) RankLoad { return RankLoad{QueueDelayMs: ms, QueueDelayKnown: true} }
 	tests := []struct {
 		name string
 		t    events.Thresholds
@@ -262,7 +289,7 @@ func TestRankLevel(t *testing.T) {
 		want Level
 	}{
 		// No threshold set: every level is off.
-		{"none set, huge load", events.Thresholds{}, def, RankLoad{1e9, 1, 1e9, 1}, LevelFree},
+		{"none set, huge load", events.Thresholds{}, def, RankLoad{ActiveDecodeBlocks: 1e9, KVTotalBlocks: 1, ActivePrefillTokens: 1e9, MaxNumBatchedTokens: 1, KVCommittedBlocks: 1e9, QueueDelayMs: 1e9, QueueDelayKnown: true}, LevelFree},
 		{"kv unset, prefill set, decode full", pf(1000), def, RankLoad{ActiveDecodeBlocks: 100, KVTotalBlocks: 100, ActivePrefillTokens: 10}, LevelFree},
 		// Decode 0.8 of 100 blocks: amber above 0.8 × 0.8 × 100 = 64.00000000000001,
 		// busy above 80, hard above min(1.1 × 0.8, 1) × 100 = 88.00000000000001.
@@ -314,6 +341,19 @@ func TestRankLevel(t *testing.T) {
 		{"shed 1: amber is busy", kv(0.8), Fractions{Shed: 1, Critical: 1.1}, blocks(80), LevelFree},
 		{"shed 1: above busy", kv(0.8), Fractions{Shed: 1, Critical: 1.1}, blocks(81), LevelBusy},
 		{"critical 1: busy is hard", kv(0.8), Fractions{Shed: 0.8, Critical: 1}, blocks(81), LevelHard},
+		// Committed 2 × 100: amber above 160, busy above 200, hard above
+		// 220, not capped at the cache (overcommit).
+		{"committed at amber", kc(2), def, committed(160), LevelFree},
+		{"committed above amber", kc(2), def, committed(161), LevelAmber},
+		{"committed above busy", kc(2), def, committed(201), LevelBusy},
+		{"committed at hard", kc(2), def, committed(220), LevelBusy},
+		{"committed above hard", kc(2), def, committed(221), LevelHard},
+		// Delay 500 ms: amber above 400, hard above 550.
+		{"delay at amber", qd(500), def, delay(400), LevelFree},
+		{"delay above amber", qd(500), def, delay(400.5), LevelAmber},
+		{"delay above busy", qd(500), def, delay(501), LevelBusy},
+		{"delay at hard", qd(500), def, delay(550), LevelBusy},
+		{"delay above hard", qd(500), def, delay(551), LevelHard},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -447,7 +487,7 @@ func TestClassifyLevels(t *testing.T) {
 			t.Parallel()
 			var sc scratch
 			w := &worker{sources: sourcesOf(map[string]*sourceState{"engine": src(0, tt.size, fresh, tt.ranks)})}
-			c, _, l := classify(th, def, w, 0, freshAfter, &sc)
+			c, _, l, _ := classify(th, def, w, 0, now, freshAfter, DefaultRateWindow, &sc)
 			if c != tt.wantClass || l != tt.wantLevel {
 				t.Fatalf("classify = %v %v, want %v %v", c, l, tt.wantClass, tt.wantLevel)
 			}
@@ -579,4 +619,29 @@ func FuzzRankLevels(f *testing.F) {
 			t.Fatalf("RankChecks = %v, want %v", c, want.Busy)
 		}
 	})
+}
+
+// TestReasonString: the reasons of the checks joined by "+" in the order
+// kv, prefill, kv_committed, queue_delay (contract §21); cordoned outranks.
+func TestReasonString(t *testing.T) { // not parallel: AllocsPerRun
+	for r, want := range map[Reason]string{
+		0: "", ReasonKV: "kv", ReasonPrefill: "prefill", ReasonKV | ReasonPrefill: "kv+prefill",
+		ReasonKVCommitted: "kv_committed", ReasonQueueDelay: "queue_delay",
+		ReasonPrefill | ReasonQueueDelay:                                "prefill+queue_delay",
+		ReasonQueueDelay | ReasonKVCommitted | ReasonKV:                 "kv+kv_committed+queue_delay",
+		ReasonKV | ReasonPrefill | ReasonKVCommitted | ReasonQueueDelay: "kv+prefill+kv_committed+queue_delay",
+		ReasonCordoned | ReasonKV:                                       "cordoned",
+	} {
+		if got := r.String(); got != want {
+			t.Errorf("Reason(%05b) = %q, want %q", uint8(r), got, want)
+		}
+		if r&ReasonCordoned == 0 {
+			if back := latchOf(want).Reason(); back != r {
+				t.Errorf("latchOf(%q).Reason() = %05b, want %05b", want, back, r)
+			}
+		}
+	}
+	if got := testing.AllocsPerRun(10, func() { _ = (ReasonKV | ReasonQueueDelay).String() }); got != 0 {
+		t.Errorf("Reason.String allocates %v times", got)
+	}
 }

@@ -206,17 +206,10 @@ func (s *state) setControlled(model string, t *events.Thresholds) {
 		return
 	case t == nil:
 		delete(s.controlled, model)
-	case had && equalThresholds(old, *t):
+	case had && old.Equal(*t):
 		return
 	default:
 		s.controlled[model] = *t
 	}
 	s.recomputeThresholds(model)
-}
-
-func equalThresholds(a, b events.Thresholds) bool {
-	eq := func(x, y *float64) bool { return x == nil && y == nil || x != nil && y != nil && *x == *y }
-	return eq(a.ActiveDecodeBlocks, b.ActiveDecodeBlocks) && eq(a.ActivePrefillTokensFrac, b.ActivePrefillTokensFrac) &&
-		(a.ActivePrefillTokens == nil && b.ActivePrefillTokens == nil ||
-			a.ActivePrefillTokens != nil && b.ActivePrefillTokens != nil && *a.ActivePrefillTokens == *b.ActivePrefillTokens)
 }

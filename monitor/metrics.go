@@ -19,6 +19,11 @@ type metrics struct {
 	models                    prometheus.Gauge
 	recompute                 prometheus.Histogram
 	lag                       prometheus.Histogram
+	saturation                *prometheus.GaugeVec
+	// counterDecreases counts, by signal, the counters of contract §21
+	// dropped from a report because they went down within a boot; nil for
+	// the signals that are not counters.
+	counterDecreases [numSignals]prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, error) {
@@ -39,6 +44,10 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 			Name: "workermon_workers",
 			Help: "Workers of each model by state (busy, free, stale; amber counts free workers at amber level, hard busy workers at hard level).",
 		}, []string{"model", "state"}),
+		saturation: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "workermon_model_saturation",
+			Help: "Mean saturation of each model's fresh, uncordoned workers (a worker's is its least saturated rank's largest value ÷ limit over the thresholds in force, 0 to 4; above 1 is busy), exact: the record carries it rounded to 0.01. A scaling signal.",
+		}, []string{"model"}),
 		busyFraction: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "workermon_model_busy_fraction",
 			Help: "Busy workers of each model over its listed workers (busy + free; stale ones are not listed as either), 0 with none: a scaling signal.",
@@ -59,11 +68,21 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 		}),
 	}
 	m.acceptedLoad, m.acceptedBye = m.accepted.WithLabelValues("load"), m.accepted.WithLabelValues("goodbye")
+	decreases := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "workermon_report_fields_dropped_total",
+		Help: "Counters of a report (preemptions, prefilled_tokens) that went down within a boot: that field of the report was dropped, the rest applied.",
+	}, []string{"field"})
+	for i, name := range counterNames {
+		if name != "" {
+			m.counterDecreases[i] = decreases.WithLabelValues(name)
+		}
+	}
 	queue := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "workermon_queue_length",
 		Help: "Messages waiting for the monitor loop.",
 	}, queueLen)
-	if err := promreg.All(reg, m.accepted, m.rejected, m.workers, m.busyFraction, m.allBusyChanges, m.models, m.recompute, m.lag, queue); err != nil {
+	if err := promreg.All(reg, m.accepted, m.rejected, m.workers, m.busyFraction, m.saturation, m.allBusyChanges, m.models,
+		m.recompute, m.lag, queue, decreases); err != nil {
 		return nil, fmt.Errorf("monitor: %w", err)
 	}
 	return m, nil
@@ -76,6 +95,7 @@ type modelMetrics struct {
 	resolved                       bool
 	busy, free, stale, amber, hard prometheus.Gauge
 	busyFraction                   prometheus.Gauge
+	saturation                     prometheus.Gauge
 	allBusyChanges                 prometheus.Counter
 }
 
@@ -88,6 +108,7 @@ func (m *metrics) forModel(name string) modelMetrics {
 		amber:          m.workers.WithLabelValues(name, "amber"),
 		hard:           m.workers.WithLabelValues(name, "hard"),
 		busyFraction:   m.busyFraction.WithLabelValues(name),
+		saturation:     m.saturation.WithLabelValues(name),
 		allBusyChanges: m.allBusyChanges.WithLabelValues(name),
 	}
 }
@@ -113,5 +134,6 @@ func BusyFraction(busy, free int) float64 {
 func (m *metrics) forgetModel(name string) {
 	m.workers.DeletePartialMatch(prometheus.Labels{"model": name})
 	m.busyFraction.DeletePartialMatch(prometheus.Labels{"model": name})
+	m.saturation.DeletePartialMatch(prometheus.Labels{"model": name})
 	m.allBusyChanges.DeletePartialMatch(prometheus.Labels{"model": name})
 }

@@ -87,6 +87,9 @@ type Config struct {
 	// hard when a check holds at c × its threshold, the decode check capped
 	// at the whole cache. 1 puts hard at busy: every busy worker is hard.
 	CriticalFraction float64
+	// RateWindow is how much monitor-clock time the prefill and preemption
+	// rates are measured over (contract §21, --rate-window); > 0.
+	RateWindow time.Duration
 	// Partitions is the partition count P of the deployment (contract §10),
 	// 0 when the subjects are not checked against one. A report or goodbye
 	// on a mapped subject, <prefix>.part.<p>..., whose p is not its model's
@@ -111,6 +114,7 @@ func DefaultConfig() Config {
 		QueueSize:           DefaultQueueSize,
 		ShedFraction:        DefaultShedFraction,
 		CriticalFraction:    DefaultCriticalFraction,
+		RateWindow:          DefaultRateWindow,
 	}
 }
 
@@ -133,6 +137,9 @@ func (c Config) Validate() error {
 	}
 	if c.GoneAfter < c.StaleAfter {
 		errs = append(errs, fmt.Errorf("gone-after %v must be at least stale-after %v", c.GoneAfter, c.StaleAfter))
+	}
+	if c.RateWindow <= 0 {
+		errs = append(errs, fmt.Errorf("rate-window %v must be positive", c.RateWindow))
 	}
 	if c.Partitions < 0 {
 		errs = append(errs, fmt.Errorf("partitions %d must not be negative", c.Partitions))

@@ -22,25 +22,45 @@ type SourceLoad struct {
 	KVTotalBlocks       *uint64 `json:"kv_total_blocks"`
 	ActivePrefillTokens *uint64 `json:"active_prefill_tokens"`
 	MaxNumBatchedTokens *uint64 `json:"max_num_batched_tokens"`
-	BootID              uint64  `json:"boot_id"`
-	Seq                 uint64  `json:"seq"`
-	AgeSeconds          float64 `json:"age_seconds"`
-	Stale               bool    `json:"stale"`
+	// The fields of contract §21, as this source sent them.
+	WaitingRequests   *uint64 `json:"waiting_requests,omitempty"`
+	RunningRequests   *uint64 `json:"running_requests,omitempty"`
+	Preemptions       *uint64 `json:"preemptions,omitempty"`
+	PrefilledTokens   *uint64 `json:"prefilled_tokens,omitempty"`
+	KVCommittedBlocks *uint64 `json:"kv_committed_blocks,omitempty"`
+	BootID            uint64  `json:"boot_id"`
+	Seq               uint64  `json:"seq"`
+	AgeSeconds        float64 `json:"age_seconds"`
+	Stale             bool    `json:"stale"`
 }
 
 // LoadRow is one rank of one worker: the load the busy rules see (maximum
 // over fresh sources, smallest positive capacity) and each source's values.
 type LoadRow struct {
-	Model               string                `json:"model"`
-	WorkerID            uint64                `json:"worker_id"`
-	DPRank              uint32                `json:"dp_rank"`
-	ActiveDecodeBlocks  uint64                `json:"active_decode_blocks"`
-	KVTotalBlocks       uint64                `json:"kv_total_blocks"`
-	ActivePrefillTokens uint64                `json:"active_prefill_tokens"`
-	MaxNumBatchedTokens uint64                `json:"max_num_batched_tokens"`
-	Sources             map[string]SourceLoad `json:"sources"`
-	Busy                bool                  `json:"busy"`
-	Reason              string                `json:"reason,omitempty"`
+	Model               string `json:"model"`
+	WorkerID            uint64 `json:"worker_id"`
+	DPRank              uint32 `json:"dp_rank"`
+	ActiveDecodeBlocks  uint64 `json:"active_decode_blocks"`
+	KVTotalBlocks       uint64 `json:"kv_total_blocks"`
+	ActivePrefillTokens uint64 `json:"active_prefill_tokens"`
+	MaxNumBatchedTokens uint64 `json:"max_num_batched_tokens"`
+	// The leading signals of contract §21, merged over the fresh sources
+	// (null when no fresh source sends them), and the values the monitor
+	// derives from them: the prefill rate in tokens per second, the
+	// predicted queue delay in milliseconds (both null while the rate is
+	// unknown), the preemptions per second, and the rank's saturation.
+	KVCommittedBlocks *uint64               `json:"kv_committed_blocks"`
+	WaitingRequests   *uint64               `json:"waiting_requests"`
+	RunningRequests   *uint64               `json:"running_requests"`
+	Preemptions       *uint64               `json:"preemptions"`
+	PrefilledTokens   *uint64               `json:"prefilled_tokens"`
+	PrefillRate       *float64              `json:"prefill_rate"`
+	QueueDelayMs      *float64              `json:"queue_delay_ms"`
+	PreemptionRate    *float64              `json:"preemption_rate"`
+	Saturation        float64               `json:"saturation"`
+	Sources           map[string]SourceLoad `json:"sources"`
+	Busy              bool                  `json:"busy"`
+	Reason            string                `json:"reason,omitempty"`
 	// Level is the rank's level of contract §15 (free, amber, busy, hard),
 	// without hysteresis; empty when the rank is stale.
 	Level      string  `json:"level,omitempty"`
@@ -166,14 +186,14 @@ func (m *Monitor) Loads(ctx context.Context, model string) ([]LoadRow, error) {
 		freshAfter := now.Add(-s.cfg.StaleAfter)
 		for _, md := range s.selected(model) {
 			for _, id := range slices.Sorted(maps.Keys(md.workers)) {
-				out = append(out, loadRows(md, md.workers[id], s.cfg.fractions(), now, freshAfter)...)
+				out = append(out, loadRows(md, md.workers[id], s.cfg.fractions(), s.cfg.RateWindow, now, freshAfter)...)
 			}
 		}
 	})
 	return out, err
 }
 
-func loadRows(md *model, w *worker, f Fractions, now, freshAfter time.Time) []LoadRow {
+func loadRows(md *model, w *worker, f Fractions, window time.Duration, now, freshAfter time.Time) []LoadRow {
 	rows := map[uint32]*LoadRow{}
 	aggs := map[uint32]*rankAgg{}
 	for _, src := range w.sources {
@@ -192,7 +212,10 @@ func loadRows(md *model, w *worker, f Fractions, now, freshAfter time.Time) []Lo
 			row.Sources[name] = SourceLoad{
 				ActiveDecodeBlocks: optPtr(rs.load[sigDecode]), KVTotalBlocks: optPtr(rs.load[sigKVTotal]),
 				ActivePrefillTokens: optPtr(rs.load[sigPrefill]), MaxNumBatchedTokens: optPtr(rs.load[sigMaxBatched]),
-				BootID: src.bootID, Seq: src.seq, AgeSeconds: now.Sub(rs.heard).Seconds(), Stale: !fresh,
+				WaitingRequests: optPtr(rs.load[sigWaiting]), RunningRequests: optPtr(rs.load[sigRunning]),
+				Preemptions: optPtr(rs.load[sigPreemptions]), PrefilledTokens: optPtr(rs.load[sigPrefilled]),
+				KVCommittedBlocks: optPtr(rs.load[sigCommitted]),
+				BootID:            src.bootID, Seq: src.seq, AgeSeconds: now.Sub(rs.heard).Seconds(), Stale: !fresh,
 			}
 			row.AgeSeconds = min(row.AgeSeconds, now.Sub(rs.heard).Seconds())
 			if fresh {
@@ -203,13 +226,32 @@ func loadRows(md *model, w *worker, f Fractions, now, freshAfter time.Time) []Lo
 	}
 	out := make([]LoadRow, 0, len(rows))
 	for rank, row := range rows {
-		a := aggs[rank].load()
+		agg := aggs[rank]
+		a := agg.load()
 		row.ActiveDecodeBlocks, row.KVTotalBlocks = a.ActiveDecodeBlocks, a.KVTotalBlocks
 		row.ActivePrefillTokens, row.MaxNumBatchedTokens = a.ActivePrefillTokens, a.MaxNumBatchedTokens
+		row.WaitingRequests, row.RunningRequests = optPtr(agg.waiting), optPtr(agg.running)
+		row.Preemptions, row.PrefilledTokens = optPtr(agg.preemptions), optPtr(agg.prefilled)
+		if agg.committed {
+			row.KVCommittedBlocks = &a.KVCommittedBlocks
+		}
+		if d := w.findLeading(rank); d != nil {
+			if r, ok := d.prefillRate(window); ok {
+				row.PrefillRate = &r
+			}
+			if ms, ok := d.queueDelay(a.ActivePrefillTokens, window); ok {
+				a.QueueDelayMs, a.QueueDelayKnown = ms, true
+				row.QueueDelayMs = &ms
+			}
+			if r, ok := d.preemptionRate(window); ok {
+				row.PreemptionRate = &r
+			}
+		}
 		if !row.Stale {
 			r := RankBusy(md.thresholds, a)
 			row.Busy, row.Reason = r != 0, r.String()
 			row.Level = RankLevel(md.thresholds, a, f).String()
+			row.Saturation = RankSaturation(md.thresholds, a)
 		}
 		out = append(out, *row)
 	}

@@ -17,8 +17,28 @@ const (
 	sigKVTotal
 	sigPrefill
 	sigMaxBatched
+	// The leading signals of contract §21: the request counts and the
+	// counters are the engine's only (a router's are not kept).
+	sigWaiting
+	sigRunning
+	sigPreemptions
+	sigPrefilled
+	sigCommitted
 	numSignals
 )
+
+// reportSignals returns r's load fields in the order of rankState.load.
+func reportSignals(r *events.LoadReport) [numSignals]events.Optional {
+	return [numSignals]events.Optional{r.ActiveDecodeBlocks, r.KVTotalBlocks, r.ActivePrefillTokens, r.MaxNumBatchedTokens,
+		r.WaitingRequests, r.RunningRequests, r.Preemptions, r.PrefilledTokens, r.KVCommittedBlocks}
+}
+
+// counterNames are the fields that are counters per boot_id (contract
+// §21), by signal: a report in which one goes down has that field dropped.
+var counterNames = [numSignals]string{sigPreemptions: "preemptions", sigPrefilled: "prefilled_tokens"}
+
+// engineOnly are the signals kept only from sources that are not routers.
+var engineOnly = [numSignals]bool{sigWaiting: true, sigRunning: true, sigPreemptions: true, sigPrefilled: true}
 
 // rankState is one (worker, rank, source) state.
 type rankState struct {
@@ -99,6 +119,16 @@ type worker struct {
 	latch     map[uint32]Latch
 	seedLatch Latch
 
+	// leading are the derived values of the ranks (contract §21), sorted
+	// by rank, of the engine's boot leadingBoot; kept while the ranks are
+	// stale, forgotten when the engine restarts.
+	leading     []rankLeading
+	leadingBoot uint64
+	// saturation is the worker's saturation at its last evaluation; when
+	// satCounted (fresh and not cordoned), it is in its model's mean.
+	saturation float64
+	satCounted bool
+
 	// A goodbye from the engine source leaves a tombstone: reports of the
 	// same boot, or of an older one, are dropped until the worker is removed.
 	left       bool
@@ -154,6 +184,53 @@ type model struct {
 	metrics     modelMetrics
 	dirty       bool // the record changed since the last flush
 	queued      bool // in state.dirty
+	// satSum and satN are the sum, in satUnits, and number of the
+	// saturations of the workers counted in the model's mean (contract
+	// §21); satQueued: the mean changed since the last flush (in
+	// state.satDirty); satGiven: the rounded mean last handed to the sink.
+	satSum    int64
+	satN      int
+	satQueued bool
+	satGiven  float64
+}
+
+// satUnit is the fixed point of the saturations a model sums: 2^-40, so
+// that adding and taking out a worker's saturation leaves no rounding
+// behind however often it changes, and a sum of up to 2 million workers at
+// the cap of 4 fits an int64. A saturation is exact to 2^-41.
+const satUnit = 1 << 40
+
+// toSatUnits converts a saturation in [0, MaxSaturation] to satUnits.
+func toSatUnits(sat float64) int64 { return int64(math.Round(sat * satUnit)) }
+
+// saturation is the mean saturation of m's fresh, uncordoned workers, 0
+// with none (contract §21).
+func (m *model) saturation() float64 {
+	if m.satN == 0 {
+		return 0
+	}
+	return float64(m.satSum) / satUnit / float64(m.satN)
+}
+
+// setSaturation puts w's saturation in m's mean (counted) or takes it out,
+// and reports whether the mean changed.
+func (m *model) setSaturation(w *worker, counted bool, sat float64) bool {
+	if !counted {
+		sat = 0
+	}
+	if w.satCounted == counted && w.saturation == sat {
+		return false
+	}
+	if w.satCounted {
+		m.satSum -= toSatUnits(w.saturation)
+		m.satN--
+	}
+	if counted {
+		m.satSum += toSatUnits(sat)
+		m.satN++
+	}
+	w.saturation, w.satCounted = sat, counted
+	return true
 }
 
 func (m *model) list(c Class) *[]uint64 {
@@ -231,6 +308,7 @@ func remove(l *[]uint64, id uint64) {
 // record returns the content of the model's record. Everything in it is
 // freshly allocated: the Sink keeps it.
 func (m *model) record() events.BusySet {
+	m.satGiven = events.RoundSaturation(m.saturation())
 	return events.BusySet{
 		Model:      m.name,
 		Busy:       slices.Clone(m.busy),
@@ -242,6 +320,7 @@ func (m *model) record() events.BusySet {
 		Reasons:    maps.Clone(m.reasons),
 		Thresholds: m.thresholds,
 		Routers:    uint64(m.routers),
+		Saturation: m.satGiven,
 	}
 }
 
@@ -288,7 +367,11 @@ type scratch struct {
 // positive value. Read the result with load.
 type rankAgg struct {
 	RankLoad
-	routerDecode, routerPrefill uint64
+	routerDecode, routerPrefill, routerCommitted uint64
+	committed                                    bool // a source sent kv_committed_blocks
+	// The engine's request counts and counters (contract §21): the
+	// largest over the sources that are not routers.
+	waiting, running, preemptions, prefilled events.Optional
 }
 
 func (a *rankAgg) add(rs *rankState, router bool) {
@@ -296,6 +379,8 @@ func (a *rankAgg) add(rs *rankState, router bool) {
 	if router {
 		a.routerDecode = addSaturating(a.routerDecode, l[sigDecode])
 		a.routerPrefill = addSaturating(a.routerPrefill, l[sigPrefill])
+		a.routerCommitted = addSaturating(a.routerCommitted, l[sigCommitted])
+		a.committed = a.committed || l[sigCommitted].Set
 	} else {
 		if l[sigDecode].Set {
 			a.ActiveDecodeBlocks = max(a.ActiveDecodeBlocks, l[sigDecode].Value)
@@ -303,6 +388,14 @@ func (a *rankAgg) add(rs *rankState, router bool) {
 		if l[sigPrefill].Set {
 			a.ActivePrefillTokens = max(a.ActivePrefillTokens, l[sigPrefill].Value)
 		}
+		if l[sigCommitted].Set {
+			a.KVCommittedBlocks = max(a.KVCommittedBlocks, l[sigCommitted].Value)
+			a.committed = true
+		}
+		a.waiting = maxOptional(a.waiting, l[sigWaiting])
+		a.running = maxOptional(a.running, l[sigRunning])
+		a.preemptions = maxOptional(a.preemptions, l[sigPreemptions])
+		a.prefilled = maxOptional(a.prefilled, l[sigPrefilled])
 	}
 	a.KVTotalBlocks = minPositive(a.KVTotalBlocks, l[sigKVTotal])
 	a.MaxNumBatchedTokens = minPositive(a.MaxNumBatchedTokens, l[sigMaxBatched])
@@ -313,7 +406,22 @@ func (a *rankAgg) load() RankLoad {
 	l := a.RankLoad
 	l.ActiveDecodeBlocks = max(l.ActiveDecodeBlocks, a.routerDecode)
 	l.ActivePrefillTokens = max(l.ActivePrefillTokens, a.routerPrefill)
+	l.KVCommittedBlocks = max(l.KVCommittedBlocks, a.routerCommitted)
 	return l
+}
+
+// sample is what the rank's leading values derive from (contract §21).
+func (a *rankAgg) sample() leadingSample {
+	return leadingSample{prefilled: a.prefilled, preemptions: a.preemptions,
+		activePrefill: max(a.ActivePrefillTokens, a.routerPrefill)}
+}
+
+// maxOptional is the larger of two optional values, set when either is.
+func maxOptional(a, b events.Optional) events.Optional {
+	if !b.Set || a.Set && a.Value >= b.Value {
+		return a
+	}
+	return b
 }
 
 // addSaturating adds o to sum when it is set, stopping at the largest
@@ -363,9 +471,13 @@ func minPositive(cur uint64, o events.Optional) uint64 {
 // load, never liveness. Its level (contract §15) is the lowest of its
 // declared ranks' levels, a declared rank without fresh state being free.
 // With a release margin, each rank's checks are latched per level in
-// w.latch (contract §12). It reads the sources and writes only w.latch and
-// sc.
-func classify(t events.Thresholds, f Fractions, w *worker, margin float64, freshAfter time.Time, sc *scratch) (Class, Reason, Level) {
+// w.latch (contract §12). Each fresh rank's leading values (contract §21)
+// take a sample at now in w.leading, over rate windows of window, and the
+// worker's saturation is the smallest of its declared ranks' (0 when one
+// has no fresh state). It reads the sources and writes only w.latch,
+// w.leading and sc.
+func classify(t events.Thresholds, f Fractions, w *worker, margin float64, now, freshAfter time.Time, window time.Duration,
+	sc *scratch) (Class, Reason, Level, float64) {
 	sc.spans = sc.spans[:0]
 	var only *sourceState
 	engine, engineFresh := false, false
@@ -380,17 +492,32 @@ func classify(t events.Thresholds, f Fractions, w *worker, margin float64, fresh
 	switch {
 	case !engine && len(w.sources) > 0:
 		// Only routers speak of it: no engine has reported; not listed.
-		return ClassNone, 0, LevelFree
+		return ClassNone, 0, LevelFree, 0
 	case !engineFresh:
 		// A router's estimates never keep a silent engine alive.
-		return ClassStale, 0, LevelFree
+		return ClassStale, 0, LevelFree, 0
 	}
+	if len(w.leading) > 0 {
+		w.checkLeadingBoot()
+	}
+	maxGap := now.Sub(freshAfter)
 	declared := unionSize(sc.spans)
 	var amber, busy, hard uint64 // ranks at that level or above
 	var reason Reason
 	seeding := !w.seedLatch.IsZero()
 	var evaluated uint64
-	rank := func(r uint32, l RankLoad) {
+	sat := math.Inf(1)
+	rank := func(r uint32, a *rankAgg) {
+		l := a.load()
+		// A rank whose engine sends neither counter has nothing to derive
+		// (a sample without them counts for nothing): its reports skip
+		// the derived state altogether.
+		if a.prefilled.Set || a.preemptions.Set {
+			d := w.leadingRank(r)
+			d.observe(now, a.sample(), window, maxGap)
+			l.QueueDelayMs, l.QueueDelayKnown = d.queueDelay(l.ActivePrefillTokens, window)
+		}
+		sat = min(sat, RankSaturation(t, l))
 		var c Latch
 		if margin == 0 {
 			c = RankLevels(t, l, f, 0, Latch{})
@@ -430,7 +557,7 @@ func classify(t events.Thresholds, f Fractions, w *worker, margin float64, fresh
 			}
 			var a rankAgg
 			a.add(rs, only.router)
-			rank(rs.rank, a.load())
+			rank(rs.rank, &a)
 		}
 	} else {
 		if sc.ranks == nil {
@@ -438,7 +565,7 @@ func classify(t events.Thresholds, f Fractions, w *worker, margin float64, fresh
 		}
 		aggregate(w, freshAfter, sc.ranks)
 		for r, a := range sc.ranks {
-			rank(r, a.load())
+			rank(r, &a)
 		}
 	}
 	if margin > 0 {
@@ -452,15 +579,18 @@ func classify(t events.Thresholds, f Fractions, w *worker, margin float64, fresh
 			w.seedLatch = Latch{}
 		}
 	}
+	if evaluated < declared || math.IsInf(sat, 1) {
+		sat = 0 // a declared rank without fresh state counts 0
+	}
 	switch {
 	case busy >= declared && hard >= declared:
-		return ClassBusy, reason, LevelHard
+		return ClassBusy, reason, LevelHard, sat
 	case busy >= declared:
-		return ClassBusy, reason, LevelBusy
+		return ClassBusy, reason, LevelBusy, sat
 	case amber >= declared:
-		return ClassFree, 0, LevelAmber
+		return ClassFree, 0, LevelAmber, sat
 	}
-	return ClassFree, 0, LevelFree
+	return ClassFree, 0, LevelFree, sat
 }
 
 // unionSize returns the number of ranks covered by spans, which it sorts.

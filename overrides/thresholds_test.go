@@ -150,6 +150,17 @@ func TestThresholdStore(t *testing.T) {
 	if got, _, _ := s.Get(ctx, model); !got.Equal(want) {
 		t.Fatalf("Get after Merge = %+v, want %+v", got, want)
 	}
+	// The thresholds of contract §21 merge like the others, and are stored
+	// under their contract names.
+	merged, err = s.Merge(ctx, model, events.Thresholds{KVCommitted: events.Ptr(1.5), QueueDelayMs: events.Ptr[uint64](250)})
+	want.KVCommitted, want.QueueDelayMs = events.Ptr(1.5), events.Ptr[uint64](250)
+	if err != nil || !merged.Equal(want) {
+		t.Fatalf("Merge = %+v, %v; want %+v", merged, err, want)
+	}
+	if e, err := e.bucket(t, events.ThresholdsBucket).Get(ctx, events.ModelKey(model)); err != nil ||
+		!strings.Contains(string(e.Value()), `"kv_committed_threshold":1.5,"queue_delay_threshold_ms":250`) {
+		t.Fatalf("stored %s, %v", e.Value(), err)
+	}
 	// A patch that sets nothing is a get.
 	if got, err := s.Merge(ctx, model, events.Thresholds{}); err != nil || !got.Equal(want) {
 		t.Fatalf("empty Merge = %+v, %v", got, err)
@@ -196,6 +207,7 @@ func TestThresholdStore(t *testing.T) {
 		{"empty model", "", events.Thresholds{}, events.ErrInvalidModel},
 		{"decode above 1", model, events.Thresholds{ActiveDecodeBlocks: events.Ptr(1.5)}, events.ErrOutOfRange},
 		{"negative frac", model, events.Thresholds{ActivePrefillTokensFrac: events.Ptr(-0.1)}, events.ErrOutOfRange},
+		{"committed above 4", model, events.Thresholds{KVCommitted: events.Ptr(4.5)}, events.ErrOutOfRange},
 	}
 	for _, tt := range bad {
 		if err := s.Set(ctx, tt.model, tt.t); !errors.Is(err, tt.want) {

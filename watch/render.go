@@ -36,11 +36,12 @@ func (l *lineWriter) write(changes []Change) error {
 
 // FormatLine renders a change as one line:
 //
-//	2026-11-10T12:00:00.123Z model=Qwen/Qwen3-0.6B all_busy=false busy=[11] free=[12 13] stale=[] amber=[12] hard=[] reasons=[11:kv] thresholds=[kv>0.8 prefill>2048]
+//	2026-11-10T12:00:00.123Z model=Qwen/Qwen3-0.6B all_busy=false busy=[11] free=[12 13] stale=[] amber=[12] hard=[] reasons=[11:kv] thresholds=[kv>0.8 prefill>2048] saturation=0.74
 //	2026-11-10T12:00:09.456Z model=Qwen/Qwen3-0.6B deleted
 //
 // A model name with a space, a quote, '=' or a character that is not
-// printable is quoted.
+// printable is quoted. The saturation (contract §21) is the record's as of
+// that change: a change of it alone is not a change of content.
 func FormatLine(c Change) string {
 	var b strings.Builder
 	b.WriteString(c.At.Format(lineTime))
@@ -74,6 +75,7 @@ func FormatLine(c Change) string {
 		b.WriteString(strconv.FormatUint(id, 10) + ":" + reasonOf(r, id))
 	}
 	b.WriteString("] thresholds=[" + thresholdsText(r.Thresholds, " ") + "]")
+	b.WriteString(" saturation=" + strconv.FormatFloat(r.Saturation, 'f', 2, 64))
 	return b.String()
 }
 
@@ -99,7 +101,7 @@ func reasonOf(r *events.BusySet, id uint64) string {
 }
 
 // thresholdsText renders the thresholds in force: kv>0.8 prefill>2048
-// prefill>0.5×max; "none" when none is set.
+// prefill>0.5×max committed>1.5×kv delay>500ms; "none" when none is set.
 func thresholdsText(t events.Thresholds, sep string) string {
 	var parts []string
 	if t.ActiveDecodeBlocks != nil {
@@ -110,6 +112,12 @@ func thresholdsText(t events.Thresholds, sep string) string {
 	}
 	if t.ActivePrefillTokensFrac != nil {
 		parts = append(parts, "prefill>"+strconv.FormatFloat(*t.ActivePrefillTokensFrac, 'g', -1, 64)+"×max")
+	}
+	if t.KVCommitted != nil {
+		parts = append(parts, "committed>"+strconv.FormatFloat(*t.KVCommitted, 'g', -1, 64)+"×kv")
+	}
+	if t.QueueDelayMs != nil {
+		parts = append(parts, "delay>"+strconv.FormatUint(*t.QueueDelayMs, 10)+"ms")
 	}
 	if len(parts) == 0 {
 		return "none"
@@ -262,8 +270,8 @@ func (sc *screen) model(r *Record, now time.Time, cols int) {
 		status = sc.paint(escOK, " admitting ")
 	}
 	sc.lines = append(sc.lines, "",
-		sc.paint(escBold, QuoteModel(b.Model))+"  "+status+fmt.Sprintf("  busy %d  free %d  stale %d  amber %d  hard %d",
-			len(b.Busy), len(b.Free), len(b.Stale), len(b.Amber), len(b.Hard)),
+		sc.paint(escBold, QuoteModel(b.Model))+"  "+status+fmt.Sprintf("  busy %d  free %d  stale %d  amber %d  hard %d  saturation %.2f",
+			len(b.Busy), len(b.Free), len(b.Stale), len(b.Amber), len(b.Hard), b.Saturation),
 		"  thresholds "+thresholdsText(b.Thresholds, "  ")+
 			sc.paint(escDim, fmt.Sprintf("   updated %s ago by %s, epoch %d", age.Round(100*time.Millisecond), QuoteModel(b.MonitorID), b.Epoch)))
 	hard := map[uint64]bool{}

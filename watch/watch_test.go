@@ -26,17 +26,21 @@ func rec(model string, busy, free, stale []uint64, reasons map[string]string) *R
 func TestFormatLine(t *testing.T) {
 	t.Parallel()
 	r := rec("Qwen/Qwen3-0.6B", []uint64{11, 14}, []uint64{12, 13}, []uint64{}, map[string]string{"11": "kv", "14": "cordoned"})
-	r.Amber, r.Hard = []uint64{12}, []uint64{11}
+	r.Amber, r.Hard, r.Saturation = []uint64{12}, []uint64{11}, 0.74
 	for _, tc := range []struct {
 		name string
 		c    Change
 		want string
 	}{
 		{"record", Change{Model: r.Model, Record: r, At: t0},
-			"2026-11-10T12:00:00.123Z model=Qwen/Qwen3-0.6B all_busy=false busy=[11 14] free=[12 13] stale=[] amber=[12] hard=[11] reasons=[11:kv 14:cordoned] thresholds=[kv>0.8 prefill>2048]"},
+			"2026-11-10T12:00:00.123Z model=Qwen/Qwen3-0.6B all_busy=false busy=[11 14] free=[12 13] stale=[] amber=[12] hard=[11] reasons=[11:kv 14:cordoned] thresholds=[kv>0.8 prefill>2048] saturation=0.74"},
 		{"all busy, no thresholds", Change{Model: "m", At: t0, Record: &Record{BusySet: events.BusySet{
 			Model: "m", Busy: []uint64{1}, AllBusy: true}}},
-			"2026-11-10T12:00:00.123Z model=m all_busy=true busy=[1] free=[] stale=[] amber=[] hard=[] reasons=[1:?] thresholds=[none]"},
+			"2026-11-10T12:00:00.123Z model=m all_busy=true busy=[1] free=[] stale=[] amber=[] hard=[] reasons=[1:?] thresholds=[none] saturation=0.00"},
+		{"leading thresholds", Change{Model: "m", At: t0, Record: &Record{BusySet: events.BusySet{
+			Model: "m", Busy: []uint64{1}, AllBusy: true, Reasons: map[string]string{"1": "kv_committed+queue_delay"}, Saturation: 1.234,
+			Thresholds: events.Thresholds{KVCommitted: events.Ptr(1.5), QueueDelayMs: events.Ptr[uint64](500)}}}},
+			"2026-11-10T12:00:00.123Z model=m all_busy=true busy=[1] free=[] stale=[] amber=[] hard=[] reasons=[1:kv_committed+queue_delay] thresholds=[committed>1.5×kv delay>500ms] saturation=1.23"},
 		{"deleted", Change{Model: "m", At: t0}, "2026-11-10T12:00:00.123Z model=m deleted"},
 		{"quoted name", Change{Model: `a b="c"`, At: t0}, `2026-11-10T12:00:00.123Z model="a b=\"c\"" deleted`},
 	} {
@@ -56,7 +60,7 @@ func TestRender(t *testing.T) {
 		many[i] = uint64(1000 + i)
 	}
 	a := rec("a", []uint64{1, 2, 3}, []uint64{4, 5}, []uint64{6}, map[string]string{"1": "kv", "2": "prefill", "3": "cordoned"})
-	a.Amber, a.Hard, a.MonitorID, a.Epoch = []uint64{5}, []uint64{2}, "mon-1", 3
+	a.Amber, a.Hard, a.MonitorID, a.Epoch, a.Saturation = []uint64{5}, []uint64{2}, "mon-1", 3, 1.25
 	b := rec("b", nil, many, nil, nil)
 	old := rec("old", []uint64{7}, nil, nil, map[string]string{"7": "kv"})
 	old.Received = t0.Add(-time.Minute)
@@ -67,7 +71,7 @@ func TestRender(t *testing.T) {
 	text := strings.Join(lines, "\n")
 	for _, want := range []string{
 		"workermon watch  12:00:01  workermon-busy  nats://x  (Ctrl-…", // clipped to the width
-		"a   admitting   busy 3  free 2  stale 1  amber 1  hard 1",
+		"a   admitting   busy 3  free 2  stale 1  amber 1  hard 1  saturation 1.25",
 		"updated 1.5s ago by mon-1, epoch 3",
 		"  busy   1:kv 2:prefill! 3:cordoned",
 		"  free   4 5~",
@@ -157,14 +161,16 @@ func TestSinkChanges(t *testing.T) {
 		}
 	}
 	s.Reset()
-	step([]string{"model=a all_busy=false busy=[] free=[1] stale=[] amber=[] hard=[] reasons=[] thresholds=[none]"}, put(t, a))
+	step([]string{"model=a all_busy=false busy=[] free=[1] stale=[] amber=[] hard=[] reasons=[] thresholds=[none] saturation=0.00"}, put(t, a))
 	a.Seq, a.UpdatedAt = 2, 99 // a heartbeat
+	step(nil, put(t, a))
+	a.Seq, a.Saturation = 3, 0.5 // a heartbeat carrying a new saturation: not a change of content
 	step(nil, put(t, a))
 	b := events.BusySet{Model: "b", Busy: []uint64{2}, AllBusy: true, Reasons: map[string]string{"2": "kv"}}
 	a.Free, a.Stale = nil, []uint64{1}
 	step([]string{
-		"model=a all_busy=false busy=[] free=[] stale=[1] amber=[] hard=[] reasons=[] thresholds=[none]",
-		"model=b all_busy=true busy=[2] free=[] stale=[] amber=[] hard=[] reasons=[2:kv] thresholds=[none]",
+		"model=a all_busy=false busy=[] free=[] stale=[1] amber=[] hard=[] reasons=[] thresholds=[none] saturation=0.50",
+		"model=b all_busy=true busy=[2] free=[] stale=[] amber=[] hard=[] reasons=[2:kv] thresholds=[none] saturation=0.00",
 	}, put(t, a), put(t, b))
 	step([]string{"a deleted"}, entry{key: "a", op: jetstream.KeyValueDelete})
 	step([]string{"b deleted"}, entry{key: "b", value: []byte{0xc1}, op: jetstream.KeyValuePut}) // unreadable

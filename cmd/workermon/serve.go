@@ -95,6 +95,12 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 		"default prefill threshold in tokens: busy when active_prefill_tokens > threshold (unset: off)")
 	fs.Var(optFloat{&o.monitor.Defaults.ActivePrefillTokensFrac}, "active-prefill-tokens-threshold-frac",
 		"default prefill threshold as a fraction of max_num_batched_tokens (unset: off)")
+	fs.Var(optFloat{&o.monitor.Defaults.KVCommitted}, "kv-committed-threshold",
+		"default committed-KV threshold in [0, 4]: busy when kv_committed_blocks > threshold × kv_total_blocks; above 1 allows overcommit (unset: off)")
+	fs.Var(optUint{&o.monitor.Defaults.QueueDelayMs}, "queue-delay-threshold-ms",
+		"default queue-delay threshold in ms: busy when active_prefill_tokens ÷ the measured prefill rate > threshold; no check while the rate is unknown (unset: off)")
+	fs.DurationVar(&o.monitor.RateWindow, "rate-window", o.monitor.RateWindow,
+		"the prefill and preemption rates are measured over this much time (for the prefill rate: time in which prefill tokens were active)")
 	fs.DurationVar(&o.monitor.StaleAfter, "stale-after", o.monitor.StaleAfter, "a state not heard for this long no longer counts")
 	fs.DurationVar(&o.monitor.GoneAfter, "gone-after", o.monitor.GoneAfter, "a silent worker is removed after this long; also a goodbye's tombstone")
 	fs.DurationVar(&o.writer.Heartbeat, "heartbeat", o.writer.Heartbeat, "re-put every record at least this often")

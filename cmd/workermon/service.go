@@ -462,7 +462,9 @@ func thresholdsAttr(t events.Thresholds) string {
 	}
 	s := f("decode", t.ActiveDecodeBlocks != nil, fmtPtr(t.ActiveDecodeBlocks)) + " " +
 		f("prefill", t.ActivePrefillTokens != nil, fmtPtr(t.ActivePrefillTokens)) + " " +
-		f("prefill_frac", t.ActivePrefillTokensFrac != nil, fmtPtr(t.ActivePrefillTokensFrac))
+		f("prefill_frac", t.ActivePrefillTokensFrac != nil, fmtPtr(t.ActivePrefillTokensFrac)) + " " +
+		f("kv_committed", t.KVCommitted != nil, fmtPtr(t.KVCommitted)) + " " +
+		f("queue_delay_ms", t.QueueDelayMs != nil, fmtPtr(t.QueueDelayMs))
 	return s
 }
 

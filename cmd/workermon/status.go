@@ -161,8 +161,16 @@ func idList(ids []uint64, reasons map[string]string) string {
 	return b.String()
 }
 
-// thresholdsCell renders the thresholds in force; an unset check is "off".
+// thresholdsCell renders the thresholds in force; an unset check of
+// section 5 is "off", and those of section 21 are shown only when set.
 func thresholdsCell(t events.Thresholds) string {
-	return "decode=" + fmtFloat(t.ActiveDecodeBlocks) + " prefill=" + fmtUint(t.ActivePrefillTokens) +
+	s := "decode=" + fmtFloat(t.ActiveDecodeBlocks) + " prefill=" + fmtUint(t.ActivePrefillTokens) +
 		" prefill_frac=" + fmtFloat(t.ActivePrefillTokensFrac)
+	if t.KVCommitted != nil {
+		s += " kv_committed=" + fmtFloat(t.KVCommitted)
+	}
+	if t.QueueDelayMs != nil {
+		s += " queue_delay_ms=" + fmtUint(t.QueueDelayMs)
+	}
+	return s
 }

@@ -92,6 +92,7 @@ const thresholdsUsage = `Usage: workermon thresholds <get|set|unset> [flags]
   set   --model NAME [--active-decode-blocks-threshold F]
                      [--active-prefill-tokens-threshold N]
                      [--active-prefill-tokens-threshold-frac F]
+                     [--kv-committed-threshold F] [--queue-delay-threshold-ms N]
                                set thresholds of a model's override (the others keep their values)
   unset --model NAME           drop the model's override: back to the monitor's defaults
 
@@ -119,6 +120,10 @@ func runThresholds(ctx context.Context, args []string, stdout, stderr io.Writer)
 			"prefill threshold in tokens: busy when active_prefill_tokens > threshold")
 		fs.Var(optFloat{&patch.ActivePrefillTokensFrac}, "active-prefill-tokens-threshold-frac",
 			"prefill threshold as a fraction ≥ 0 of max_num_batched_tokens")
+		fs.Var(optFloat{&patch.KVCommitted}, "kv-committed-threshold",
+			"committed-KV threshold in [0, 4]: busy when kv_committed_blocks > threshold × kv_total_blocks")
+		fs.Var(optUint{&patch.QueueDelayMs}, "queue-delay-threshold-ms",
+			"queue-delay threshold in ms: busy when the predicted queue delay > threshold")
 	}
 	check, err := parseClientFlags(fs, args, stderr, synopsis)
 	if err != nil {
@@ -133,7 +138,8 @@ func runThresholds(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 	}
 	if sub == "set" && patch.IsZero() {
-		return fmt.Errorf("%w: give at least one of --active-decode-blocks-threshold, --active-prefill-tokens-threshold, --active-prefill-tokens-threshold-frac", errUsage)
+		return fmt.Errorf("%w: give at least one of --active-decode-blocks-threshold, --active-prefill-tokens-threshold, "+
+			"--active-prefill-tokens-threshold-frac, --kv-committed-threshold, --queue-delay-threshold-ms", errUsage)
 	}
 	c, err := o.client()
 	if err != nil || check.on {
@@ -174,10 +180,10 @@ func runThresholds(ctx context.Context, args []string, stdout, stderr io.Writer)
 // printThresholds writes the thresholds as a table; an unset check is "off".
 func printThresholds(w io.Writer, rows []api.ModelThresholds) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "MODEL\tDECODE_BLOCKS\tPREFILL_TOKENS\tPREFILL_FRAC")
+	fmt.Fprintln(tw, "MODEL\tDECODE_BLOCKS\tPREFILL_TOKENS\tPREFILL_FRAC\tKV_COMMITTED\tQUEUE_DELAY_MS")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", watch.QuoteModel(r.Model), fmtFloat(r.ActiveDecodeBlocks), fmtUint(r.ActivePrefillTokens),
-			fmtFloat(r.ActivePrefillTokensFrac))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", watch.QuoteModel(r.Model), fmtFloat(r.ActiveDecodeBlocks), fmtUint(r.ActivePrefillTokens),
+			fmtFloat(r.ActivePrefillTokensFrac), fmtFloat(r.KVCommitted), fmtUint(r.QueueDelayMs))
 	}
 	return tw.Flush()
 }

@@ -38,20 +38,23 @@ func TestThresholdsCommand(t *testing.T) {
 	url := "--monitor-url=http://" + svc.httpAddr
 
 	code, out, errOut := runCLI(t, "thresholds", "set", url, "--admin-token", e2eToken, "--model", e2eModel,
-		"--active-prefill-tokens-threshold", "2048", "--active-prefill-tokens-threshold-frac", "0.5")
+		"--active-prefill-tokens-threshold", "2048", "--active-prefill-tokens-threshold-frac", "0.5",
+		"--kv-committed-threshold", "1.5", "--queue-delay-threshold-ms", "250")
 	if code != 0 {
 		t.Fatalf("set: exit %d, %s", code, errOut)
 	}
-	want := "MODEL DECODE_BLOCKS PREFILL_TOKENS PREFILL_FRAC\ne2e/model-0.5B 0.8 2048 0.5\n"
+	want := "MODEL DECODE_BLOCKS PREFILL_TOKENS PREFILL_FRAC KV_COMMITTED QUEUE_DELAY_MS\ne2e/model-0.5B 0.8 2048 0.5 1.5 250\n"
 	if collapse(out) != want {
 		t.Errorf("set printed\n%s\nwant\n%s", out, want)
 	}
 	natstest.WaitFor(t, 5*time.Second, "record with the override", func() bool {
 		b, _ := record(t, busy, e2eModel)
-		return b.Thresholds.ActivePrefillTokens != nil && *b.Thresholds.ActivePrefillTokens == 2048
+		return b.Thresholds.ActivePrefillTokens != nil && *b.Thresholds.ActivePrefillTokens == 2048 &&
+			b.Thresholds.KVCommitted != nil && *b.Thresholds.KVCommitted == 1.5 &&
+			b.Thresholds.QueueDelayMs != nil && *b.Thresholds.QueueDelayMs == 250
 	})
 
-	if code, out, errOut = runCLI(t, "thresholds", "get", url); code != 0 || !strings.Contains(collapse(out), "e2e/model-0.5B 0.8 2048 0.5") {
+	if code, out, errOut = runCLI(t, "thresholds", "get", url); code != 0 || !strings.Contains(collapse(out), "e2e/model-0.5B 0.8 2048 0.5 1.5 250") {
 		t.Errorf("get: exit %d\n%s%s", code, out, errOut)
 	}
 	code, out, errOut = runCLI(t, "thresholds", "get", url, "--model", e2eModel, "--json")
@@ -63,7 +66,7 @@ func TestThresholdsCommand(t *testing.T) {
 	code, out, _ = runCLI(t, "status", url)
 	// Worker 8 (90 of 100 blocks) is beyond 1.1 × 0.8 of the cache: hard.
 	wantStatus := "MODEL ALL_BUSY BUSY HARD FREE AMBER STALE THRESHOLDS\n" +
-		"e2e/model-0.5B no 1 [8:kv] 1 [8] 1 [7] 0 0 decode=0.8 prefill=2048 prefill_frac=0.5\n"
+		"e2e/model-0.5B no 1 [8:kv] 1 [8] 1 [7] 0 0 decode=0.8 prefill=2048 prefill_frac=0.5 kv_committed=1.5 queue_delay_ms=250\n"
 	if code != 0 || !strings.HasPrefix(collapse(out), wantStatus) || !strings.Contains(out, "holds 1 of 1 partitions") {
 		t.Errorf("status: exit %d\n%s\nwant\n%s", code, out, wantStatus)
 	}
