@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -40,6 +41,16 @@ func PrintGoodput(w io.Writer, r GoodputResult) {
 			row.FailedPct, row.AttemptsPerRequest, msText(row.QueueWaitP99), row.Preemptions, row.CPUPct)
 	}
 	_ = tw.Flush()
+	var scenarios []string
+	for _, row := range r.Results {
+		if !slices.Contains(scenarios, row.Scenario) {
+			scenarios = append(scenarios, row.Scenario)
+		}
+	}
+	for _, sc := range scenarios {
+		rows := slices.DeleteFunc(slices.Clone(r.Results), func(row GoodputRow) bool { return row.Scenario != sc })
+		fmt.Fprintf(w, "%s: %s\n", sc, Verdict(rows))
+	}
 	if lines := ByRouterLines(r.Results); len(lines) > 0 {
 		fmt.Fprintf(w, "\nby router, load split %s (share: queue wait p90 of the attempts that waited, share of its attempts rejected or expired):\n", sharesText(r.RouterShares))
 		for _, l := range lines {

@@ -180,9 +180,11 @@ td:first-child,th:first-child,td:nth-child(2),th:nth-child(2){text-align:left}
 
 // Verdict is a sentence naming the winner of a scenario's rows, the one
 // with the most goodput (ties: fewer failed requests, then fewer
-// preemptions), and why, from the figures: its margin over the runner-up
-// (called within one seed's spread under CloseMargin), the figures on
-// which it beat the runner-up, and what the last row lost.
+// preemptions), and why, from the figures: its margin over the runner-up,
+// the best row of another policy (called within one seed's spread under
+// CloseMargin), the figures on which it beat the runner-up, and what the
+// last row lost. When every row has the same goodput it says there is no
+// winner.
 func Verdict(rows []GoodputRow) string {
 	if len(rows) == 0 {
 		return ""
@@ -198,6 +200,10 @@ func Verdict(rows []GoodputRow) string {
 		return cmpDesc(float64(b.Preemptions), float64(a.Preemptions))
 	})
 	w := order[0]
+	if last := order[len(order)-1]; len(order) > 1 && last.GoodputRPS == w.GoodputRPS {
+		return fmt.Sprintf("No winner: all %d rows reached %.2f good requests/s (%.0f %% of capacity): this load never made admission matter.",
+			len(order), w.GoodputRPS, w.GoodputPct)
+	}
 	s := fmt.Sprintf("Winner: %s, with %.2f good requests/s (%.0f %% of capacity", rowName(w), w.GoodputRPS, w.GoodputPct)
 	if w.CeilingRPS > 0 {
 		s += fmt.Sprintf(", %.0f %% of the ceiling", w.CeilingPct)
@@ -207,9 +213,19 @@ func Verdict(rows []GoodputRow) string {
 		return s + "."
 	}
 	ru := order[1]
+	for _, r := range order[1:] {
+		if r.Policy != w.Policy {
+			ru = r
+			break
+		}
+	}
 	margin := w.GoodputRPS - ru.GoodputRPS
-	s += fmt.Sprintf(", %.2f/s ahead of %s (%.2f/s)", margin, rowName(ru), ru.GoodputRPS)
-	if ru.GoodputRPS > 0 && margin/ru.GoodputRPS < CloseMargin {
+	if margin == 0 {
+		s += fmt.Sprintf(", tied on goodput with %s, first on fewer failed requests, then fewer preemptions", rowName(ru))
+	} else {
+		s += fmt.Sprintf(", %.2f/s ahead of %s (%.2f/s)", margin, rowName(ru), ru.GoodputRPS)
+	}
+	if margin > 0 && ru.GoodputRPS > 0 && margin/ru.GoodputRPS < CloseMargin {
 		s += fmt.Sprintf(": less than %.0f %%, within what one seed moves, so a tie on this run", 100*CloseMargin)
 	}
 	s += "."

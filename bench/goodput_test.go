@@ -580,6 +580,17 @@ func TestVerdict(t *testing.T) {
 	if got := Verdict(rows); !strings.Contains(got, "within what one seed moves") {
 		t.Errorf("a 1.4 %% margin: %q; want it called a tie", got)
 	}
+	// The runner-up is the best row of another policy, not the winner's
+	// own with another router count.
+	rows = append(rows, GoodputRow{Policy: "queue", Routers: 1, GoodputRPS: 12.1})
+	if got := Verdict(rows); !strings.Contains(got, "ahead of thresholds-best (0.9) (12.00/s)") {
+		t.Errorf("verdict %q: want thresholds-best as the runner-up", got)
+	}
+	// Every row alike: no winner.
+	same := []GoodputRow{{Policy: "none", GoodputRPS: 8, GoodputPct: 56}, {Policy: "queue", GoodputRPS: 8, GoodputPct: 56}}
+	if got := Verdict(same); got != "No winner: all 2 rows reached 8.00 good requests/s (56 % of capacity): this load never made admission matter." {
+		t.Errorf("verdict of a tie %q", got)
+	}
 }
 
 // TestBisect: the capacity found is within CapacityTolerance below the

@@ -201,7 +201,7 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 	var table bytes.Buffer
 	wmbench.PrintGoodput(&table, res)
 	for _, s := range []string{"SLO (the profile's): TTFT ≤ 1000 ms, TPOT ≤ 50 ms", "capacity", "thresholds-best (",
-		"queue: ", "slo: ", "by router, load split 60/30/10", "ramp queue, 3 routers: 60 %: ", "committed: serve --kv-committed-threshold 1 --queue-delay-threshold-ms 500", "ceilings", "ramp 37.50/s", "% of ceil.", "host CPU"} {
+		"queue: ", "slo: ", "by router, load split 60/30/10", "ramp queue, 3 routers: 60 %: ", "committed: serve --kv-committed-threshold 1 --queue-delay-threshold-ms 500", "ceilings", "ramp 37.50/s", "ramp: Winner: ", "spike: Winner: ", "% of ceil.", "host CPU"} {
 		if !strings.Contains(table.String(), s) {
 			t.Errorf("the table lacks %q:\n%s", s, table.String())
 		}
