@@ -488,7 +488,7 @@ func (ex *exchange) send(worker events.WorkerEntry, body []byte, identity, conti
 	}
 	load := rt.loads.counter(worker.Endpoint)
 	load.Add(1)
-	sl := rt.slots.add(ex.model, worker.WorkerID, &ex.prompt)
+	sl := rt.slots.add(ex.model, worker, &ex.prompt)
 	timer := time.AfterFunc(rt.cfg.UpstreamTimeout, func() { cancel(ErrUpstreamTimeout) })
 	resp, err := rt.transport.RoundTrip(req)
 	if !timer.Stop() && err == nil {

@@ -3,6 +3,8 @@ package router
 import (
 	"encoding/json"
 	"io"
+	"math"
+	"math/bits"
 	"slices"
 	"strconv"
 	"sync"
@@ -20,57 +22,137 @@ import (
 // size and its length in tokens; a text prompt adds its estimated tokens
 // (4 characters a token) and no blocks: text gives no block hashes an
 // engine would share.
+//
+// Committed blocks (contract §21): every request also adds the KV blocks it
+// would hold at its expected length, Σ over its prompt's sequences of
+// ceil((prompt tokens + n × expected output) / block size), in the block
+// size of the worker's registry entry, and none when the entry names no
+// block size (an exception to the units rule above: text prompts count, by
+// their estimated tokens). The router relays answers without reading them,
+// so it knows no finished outputs to take a p90 of: the expected output is
+// the request's bound, max_completion_tokens, else max_tokens, and 0 (the
+// prompt alone, a lower bound) for a request with neither
+// (docs/contract.md, "Choices").
+
+// maxChoices bounds the n of a request counted in its committed blocks.
+const maxChoices = 128
 
 // promptLoad is what a request adds to a rank.
 type promptLoad struct {
 	tokens [][]uint32 // the token-id prompts, one per sequence
 	isl    uint64     // prompt tokens: counted, or estimated from text
 
+	// seqs are each sequence's prompt tokens, counted or estimated: the
+	// engine makes a request of each.
+	seqs []uint64
+	// maxTokens is the output bound the request gives, 0 when none;
+	// choices its n (1 when absent), at most maxChoices.
+	maxTokens, choices uint64
+
 	// The block hashes, computed once per block size.
 	hashed    []uint64
 	hashedFor uint32
 }
 
-// parsePrompt reads the prompt of a completions or chat completions body.
-// What it cannot read counts as an empty prompt: tracking never fails a
-// request.
+// parsePrompt reads the prompt, the output bound and n of a completions or
+// chat completions body. What it cannot read counts as an empty prompt, no
+// bound and one choice: tracking never fails a request.
 func parsePrompt(route string, body []byte) promptLoad {
-	var p promptLoad
-	if route == routeChatCompletions {
-		var req struct {
-			Messages []struct {
-				Content json.RawMessage `json:"content"`
-			} `json:"messages"`
-		}
-		if json.Unmarshal(body, &req) != nil {
-			return p
-		}
-		for _, m := range req.Messages {
-			p.isl += textTokens(m.Content)
-		}
+	p := promptLoad{choices: 1}
+	var req struct {
+		Prompt              json.RawMessage `json:"prompt"`
+		Messages            json.RawMessage `json:"messages"`
+		MaxTokens           json.RawMessage `json:"max_tokens"`
+		MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
+		N                   json.RawMessage `json:"n"`
+	}
+	if json.Unmarshal(body, &req) != nil {
 		return p
 	}
-	var req struct {
-		Prompt json.RawMessage `json:"prompt"`
+	if n, ok := count(req.MaxCompletionTokens); ok {
+		p.maxTokens = n
+	} else if n, ok := count(req.MaxTokens); ok {
+		p.maxTokens = n
 	}
-	if json.Unmarshal(body, &req) != nil || len(req.Prompt) == 0 {
+	if n, ok := count(req.N); ok && n > 0 {
+		p.choices = min(n, maxChoices)
+	}
+	if route == routeChatCompletions {
+		var messages []struct {
+			Content json.RawMessage `json:"content"`
+		}
+		if json.Unmarshal(req.Messages, &messages) != nil {
+			return p
+		}
+		var isl uint64
+		for _, m := range messages {
+			isl += textTokens(m.Content)
+		}
+		p.isl, p.seqs = isl, []uint64{isl}
+		return p
+	}
+	if len(req.Prompt) == 0 {
 		return p
 	}
 	var one []uint32
 	var many [][]uint32
+	var texts []string
 	switch {
 	case json.Unmarshal(req.Prompt, &one) == nil:
 		p.tokens = [][]uint32{one}
 	case json.Unmarshal(req.Prompt, &many) == nil:
 		p.tokens = many
+	case json.Unmarshal(req.Prompt, &texts) == nil:
+		for _, text := range texts {
+			n := slots.TextTokens(text)
+			p.isl += n
+			p.seqs = append(p.seqs, n)
+		}
+		return p
 	default:
 		p.isl = textTokens(req.Prompt)
+		p.seqs = []uint64{p.isl}
 		return p
 	}
 	for _, seq := range p.tokens {
 		p.isl += uint64(len(seq))
+		p.seqs = append(p.seqs, uint64(len(seq)))
 	}
 	return p
+}
+
+// count reads a JSON non-negative integer.
+func count(raw json.RawMessage) (uint64, bool) {
+	if len(raw) == 0 {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(string(raw), 10, 64)
+	return n, err == nil
+}
+
+// committedBlocks returns the KV blocks the request would hold at its
+// expected length in blocks of blockSize tokens: Σ over its sequences of
+// ceil((prompt + n × output bound) / blockSize), saturated, at least one
+// sequence (of no prompt tokens when none was read). ok is false when the
+// block size is unknown (0).
+func (p *promptLoad) committedBlocks(blockSize uint32) (blocks uint64, ok bool) {
+	if blockSize == 0 {
+		return 0, false
+	}
+	seqs := p.seqs
+	if len(seqs) == 0 {
+		seqs = []uint64{0}
+	}
+	hi, out := bits.Mul64(p.maxTokens, max(p.choices, 1))
+	if hi != 0 {
+		out = math.MaxUint64
+	}
+	bs := uint64(blockSize)
+	for _, seq := range seqs {
+		tokens := slots.SaturatingAdd(seq, out)
+		blocks = slots.SaturatingAdd(blocks, tokens/bs+min(tokens%bs, 1))
+	}
+	return blocks, true
 }
 
 // textTokens estimates the tokens of a prompt or message content: a string,
@@ -140,15 +222,18 @@ type slot struct {
 	releaseOnce sync.Once
 }
 
-// add records a request for model sent to worker; nil when the tracker is
-// off or does not know the worker (not yet synced from the registry).
-func (s *slotTracker) add(model string, worker uint64, p *promptLoad) *slot {
+// add records a request for model sent to worker, with its committed
+// blocks in the block size of the worker's registry entry (none when the
+// entry names none); nil when the tracker is off or does not know the
+// worker (not yet synced from the registry).
+func (s *slotTracker) add(model string, worker events.WorkerEntry, p *promptLoad) *slot {
 	if s == nil {
 		return nil
 	}
 	id := s.prefix + "-" + strconv.FormatUint(s.next.Add(1), 10)
-	req := slots.Request{Model: model, ID: id, WorkerID: worker, NewISLTokens: p.isl,
+	req := slots.Request{Model: model, ID: id, WorkerID: worker.WorkerID, NewISLTokens: p.isl,
 		Hashes: p.hashes(s.tr.BlockSize(model, ""))}
+	req.CommittedBlocks, req.HasCommitted = p.committedBlocks(worker.BlockSize)
 	if _, err := s.tr.AddLeastLoaded(req); err != nil {
 		return nil
 	}

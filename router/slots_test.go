@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/natstest"
 	"github.com/workermon/workermon/slots"
 )
@@ -21,22 +23,57 @@ import (
 func TestParsePrompt(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
-		name, route, body string
-		isl               uint64
-		seqs              int
+		name, route, body  string
+		isl                uint64
+		tokenSeqs          int
+		seqs               []uint64
+		maxTokens, choices uint64
 	}{
-		{"text", routeCompletions, `{"model":"m","prompt":"abcdefgh"}`, 2, 0},
-		{"texts", routeCompletions, `{"model":"m","prompt":["abcd","abcde"]}`, 3, 0},
-		{"token ids", routeCompletions, `{"model":"m","prompt":[1,2,3,4,5]}`, 5, 1},
-		{"token id batches", routeCompletions, `{"model":"m","prompt":[[1,2],[3,4,5]]}`, 5, 2},
-		{"negative token", routeCompletions, `{"model":"m","prompt":[1,-2]}`, 0, 0},
-		{"no prompt", routeCompletions, `{"model":"m"}`, 0, 0},
-		{"chat", routeChatCompletions, `{"model":"m","messages":[{"role":"user","content":"abcd"},{"role":"user","content":[{"type":"text","text":"abcdefgh"}]}]}`, 3, 0},
-		{"chat not an array", routeChatCompletions, `{"model":"m","messages":3}`, 0, 0},
+		{"text", routeCompletions, `{"model":"m","prompt":"abcdefgh"}`, 2, 0, []uint64{2}, 0, 1},
+		{"texts", routeCompletions, `{"model":"m","prompt":["abcd","abcde"],"max_tokens":7}`, 3, 0, []uint64{1, 2}, 7, 1},
+		{"token ids", routeCompletions, `{"model":"m","prompt":[1,2,3,4,5],"max_tokens":0}`, 5, 1, []uint64{5}, 0, 1},
+		{"token id batches", routeCompletions, `{"model":"m","prompt":[[1,2],[3,4,5]],"n":3}`, 5, 2, []uint64{2, 3}, 0, 3},
+		{"negative token", routeCompletions, `{"model":"m","prompt":[1,-2],"max_tokens":9}`, 0, 0, []uint64{0}, 9, 1},
+		{"no prompt", routeCompletions, `{"model":"m"}`, 0, 0, nil, 0, 1},
+		{"bounds that are no count", routeCompletions, `{"model":"m","prompt":"abcd","max_tokens":-1,"n":2.5}`, 1, 0, []uint64{1}, 0, 1},
+		{"n 0, n huge", routeCompletions, `{"model":"m","prompt":"abcd","n":0}`, 1, 0, []uint64{1}, 0, 1},
+		{"n capped", routeCompletions, `{"model":"m","prompt":"abcd","n":100000}`, 1, 0, []uint64{1}, 0, maxChoices},
+		{"chat", routeChatCompletions, `{"model":"m","messages":[{"role":"user","content":"abcd"},{"role":"user","content":[{"type":"text","text":"abcdefgh"}]}],"max_tokens":5}`, 3, 0, []uint64{3}, 5, 1},
+		{"chat: max_completion_tokens wins over max_tokens", routeChatCompletions, `{"model":"m","messages":[{"content":"abcd"}],"max_tokens":50,"max_completion_tokens":6,"n":2}`, 1, 0, []uint64{1}, 6, 2},
+		{"chat not an array", routeChatCompletions, `{"model":"m","messages":3,"max_tokens":4}`, 0, 0, nil, 4, 1},
+		{"completions with odd messages", routeCompletions, `{"model":"m","prompt":[1,2],"messages":3}`, 2, 1, []uint64{2}, 0, 1},
+		{"not JSON", routeCompletions, `{"model":`, 0, 0, nil, 0, 1},
 	} {
 		p := parsePrompt(tt.route, []byte(tt.body))
-		if p.isl != tt.isl || len(p.tokens) != tt.seqs {
-			t.Errorf("%s: isl %d, %d token sequences; want %d, %d", tt.name, p.isl, len(p.tokens), tt.isl, tt.seqs)
+		if p.isl != tt.isl || len(p.tokens) != tt.tokenSeqs || !slices.Equal(p.seqs, tt.seqs) || p.maxTokens != tt.maxTokens || p.choices != tt.choices {
+			t.Errorf("%s: isl %d, %d token sequences, seqs %v, max %d, n %d; want %d, %d, %v, %d, %d", tt.name, p.isl, len(p.tokens),
+				p.seqs, p.maxTokens, p.choices, tt.isl, tt.tokenSeqs, tt.seqs, tt.maxTokens, tt.choices)
+		}
+	}
+}
+
+func TestCommittedBlocks(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name      string
+		p         promptLoad
+		blockSize uint32
+		want      uint64
+		ok        bool
+	}{
+		{"block size unknown", promptLoad{seqs: []uint64{100}, maxTokens: 10, choices: 1}, 0, 0, false},
+		{"ceil((prompt + output) / block size)", promptLoad{seqs: []uint64{100}, maxTokens: 10, choices: 1}, 16, 7, true},
+		{"exact blocks", promptLoad{seqs: []uint64{6}, maxTokens: 10, choices: 1}, 16, 1, true},
+		{"per sequence", promptLoad{seqs: []uint64{1, 1, 1}, maxTokens: 1, choices: 1}, 16, 3, true},
+		{"n outputs share the prompt", promptLoad{seqs: []uint64{10}, maxTokens: 8, choices: 3}, 16, 3, true},
+		{"no output bound: the prompt alone", promptLoad{seqs: []uint64{33}, choices: 1}, 16, 3, true},
+		{"no prompt read: the output alone", promptLoad{maxTokens: 17, choices: 1}, 16, 2, true},
+		{"nothing at all", promptLoad{}, 16, 0, true},
+		{"saturated", promptLoad{seqs: []uint64{math.MaxUint64, 5}, maxTokens: math.MaxUint64, choices: 128}, 1, math.MaxUint64, true},
+	} {
+		got, ok := tt.p.committedBlocks(tt.blockSize)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("%s: %d, %v; want %d, %v", tt.name, got, ok, tt.want, tt.ok)
 		}
 	}
 }
@@ -187,6 +224,109 @@ func TestSlotsFollowRequests(t *testing.T) {
 	waitLoad("freed when the client went away", 0, 0)
 }
 
+// putEntry writes a worker's registry entry as given and waits until the
+// router sees it.
+func putEntry(t *testing.T, e *testEnv, w events.WorkerEntry) {
+	t.Helper()
+	w.BootID, w.RegisteredAt = 7, time.Now().UnixNano()
+	data, err := json.Marshal(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.workers.Put(t.Context(), events.RegistryKey(w.Model, w.WorkerID), data); err != nil {
+		t.Fatal(err)
+	}
+	natstest.WaitFor(t, 5*time.Second, "worker seen by the router", func() bool {
+		got, ok := e.registry.Lookup(w.Model, w.WorkerID)
+		return ok && got.Endpoint == w.Endpoint && got.BlockSize == w.BlockSize
+	})
+}
+
+// TestSlotsCommittedBlocks: a request sent to a worker adds the blocks it
+// would hold at its expected length (contract §21) in the block size of
+// the worker's registry entry, text prompts included, until it ends; a
+// worker whose entry names no block size gets none (Committed false).
+func TestSlotsCommittedBlocks(t *testing.T) {
+	t.Parallel()
+	tr, err := slots.New(slots.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id := uint64(1); id <= 2; id++ {
+		if err := tr.Register(slots.Worker{WorkerID: id, Model: "m", BlockSize: 4, DPSize: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := newTestEnv(t, envOptions{config: func(c *Config) { c.Slots, c.RouterID = tr, "rt" }})
+	release := make(chan struct{})
+	eng := newEngine(t, func(w http.ResponseWriter, r *http.Request, _ map[string]any) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id":"c","object":"text_completion","choices":[{"index":0,"text":"x","finish_reason":"stop"}]}`))
+	})
+	putEntry(t, e, events.WorkerEntry{Model: "m", WorkerID: 1, Endpoint: eng.srv.URL, DPSize: 1, BlockSize: 4})
+	e.putRecord(t, "m", []uint64{1}, nil, time.Now())
+
+	worker := func(id uint64) slots.Load {
+		for _, l := range tr.Loads("m", "") {
+			if l.WorkerID == id {
+				return l
+			}
+		}
+		t.Fatalf("worker %d not in the tracker", id)
+		return slots.Load{}
+	}
+	waitCommitted := func(what string, id, blocks uint64, committed bool) {
+		t.Helper()
+		natstest.WaitFor(t, 5*time.Second, what, func() bool {
+			l := worker(id)
+			return l.KVCommittedBlocks == blocks && l.Committed == committed
+		})
+	}
+	var wg sync.WaitGroup
+	send := func(path, body string) {
+		wg.Go(func() {
+			resp := e.post(t, path, body)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		})
+	}
+
+	// 5 token ids + 10 output tokens in blocks of 4: ceil(15 / 4) = 4.
+	send(PathCompletions, `{"model":"m","prompt":[1,2,3,4,5],"max_tokens":10}`)
+	waitCommitted("the token-id request's 4 committed blocks", 1, 4, true)
+	// A chat request of 12 characters (3 tokens) with n 2 and
+	// max_completion_tokens 6 (its max_tokens ignored): ceil((3 + 12) / 4) = 4.
+	send(PathChatCompletions, `{"model":"m","messages":[{"role":"user","content":"abcdefghijkl"}],"n":2,"max_tokens":99,"max_completion_tokens":6}`)
+	waitCommitted("and the chat request's 4", 1, 8, true)
+	close(release)
+	wg.Wait()
+	waitCommitted("freed at their end", 1, 0, false)
+
+	// Worker 2's entry names no block size: its requests add their prefill
+	// tokens, never committed blocks.
+	release2 := make(chan struct{})
+	eng2 := newEngine(t, func(w http.ResponseWriter, r *http.Request, _ map[string]any) {
+		select {
+		case <-release2:
+		case <-r.Context().Done():
+		}
+	})
+	putEntry(t, e, events.WorkerEntry{Model: "m", WorkerID: 2, Endpoint: eng2.srv.URL, DPSize: 1})
+	e.putRecord(t, "m", []uint64{2}, []uint64{1}, time.Now())
+	send(PathCompletions, `{"model":"m","prompt":[1,2,3,4,5],"max_tokens":10}`)
+	natstest.WaitFor(t, 5*time.Second, "worker 2's request tracked", func() bool { return worker(2).ActivePrefillTokens == 5 })
+	if l := worker(2); l.Committed || l.KVCommittedBlocks != 0 {
+		t.Errorf("worker 2 without a block size: %+v, want no committed blocks", l)
+	}
+	close(release2)
+	wg.Wait()
+}
+
 // refusingTransport is a Transport to the workers that refuses the hosts
 // named *.unreachable.invalid, as a refused connection, after calling
 // onRefuse with the host, and sends the others on.
@@ -333,7 +473,8 @@ func TestPickLeastPotential(t *testing.T) {
 // consistent: a token-id prompt's tokens are its length.
 func FuzzParsePrompt(f *testing.F) {
 	for _, b := range []string{`{"prompt":"abcd"}`, `{"prompt":[1,2,3]}`, `{"prompt":[[1],[2,3]]}`, `{"prompt":["a","b"]}`,
-		`{"messages":[{"content":"x"},{"content":[{"type":"text","text":"yy"}]}]}`, `{"prompt":[-1]}`, `[`, `{"prompt":null}`} {
+		`{"messages":[{"content":"x"},{"content":[{"type":"text","text":"yy"}]}]}`, `{"prompt":[-1]}`, `[`, `{"prompt":null}`,
+		`{"prompt":"abcd","max_tokens":18446744073709551615,"n":128}`, `{"messages":[],"max_completion_tokens":3,"n":"2"}`} {
 		f.Add(b, false)
 		f.Add(b, true)
 	}
@@ -352,6 +493,19 @@ func FuzzParsePrompt(f *testing.F) {
 				t.Fatalf("%d token ids counted as %d tokens", n, p.isl)
 			}
 			_ = p.hashes(16)
+		}
+		// Committed blocks hold at least every sequence's prompt, and
+		// more blocks per sequence never fewer committed.
+		blocks, ok := p.committedBlocks(16)
+		if !ok {
+			t.Fatal("committed blocks unknown with a block size")
+		}
+		var least uint64
+		for _, seq := range p.seqs {
+			least += (seq + 15) / 16
+		}
+		if blocks < least || p.choices < 1 || p.choices > maxChoices {
+			t.Fatalf("%d committed blocks for sequences %v (at least %d), n %d", blocks, p.seqs, least, p.choices)
 		}
 	})
 }

@@ -20,7 +20,9 @@ func FuzzParseAndMap(f *testing.F) {
 	// The fixtures' families that matter, plus a histogram and a summary:
 	// whole pages (up to 100 KB) would spend the fuzzing time minimizing.
 	keep := []string{"kv_cache_usage_perc", "gpu_cache_usage_perc", "cache_config_info", "num_used_tokens",
-		"max_total_num_tokens", "token_usage", "request_params_n", "http_request_size_bytes", "# EOF"}
+		"max_total_num_tokens", "token_usage", "request_params_n", "http_request_size_bytes", "# EOF",
+		"num_requests_waiting", "num_requests_running", "num_preemptions", "prompt_tokens", "num_queue_reqs",
+		"num_running_reqs", "retracted", "realtime_tokens"}
 	for _, name := range files {
 		data, err := os.ReadFile(name)
 		if err != nil {
@@ -40,6 +42,9 @@ func FuzzParseAndMap(f *testing.F) {
 	f.Add([]byte("vllm:kv_cache_usage_perc{engine=\"1\"} 0.5\nvllm:cache_config_info{engine=\"1\",num_gpu_blocks=\"7\"} 1\n"))
 	f.Add([]byte("sglang:num_used_tokens{dp_rank=\"2\",tp_rank=\"0\"} 1e300\nsglang:max_total_num_tokens{dp_rank=\"2\",tp_rank=\"0\"} 3\n"))
 	f.Add([]byte("{\"vllm:kv_cache_usage_perc\",\"engine\"=\"0\"} NaN\n"))
+	f.Add([]byte("vllm:prompt_tokens_by_source_total{engine=\"0\",source=\"local_compute\"} 5\nvllm:prompt_tokens_total{engine=\"1\"} 9\n"))
+	f.Add([]byte("sglang:num_queue_reqs{dp_rank=\"1\",priority=\"2\",tp_rank=\"0\"} 3\nsglang:num_queue_reqs{dp_rank=\"1\",tp_rank=\"1\"} 4\n" +
+		"sglang:realtime_tokens_total{dp_rank=\"1\",mode=\"prefill_compute\"} 1e19\nsglang:total_retracted_reqs 2\n"))
 	f.Add([]byte("\ufeffsglang:token_usage{name=\"m\"} 0.5\r\nsglang:max_total_num_tokens{name=\"m\"} 9\r\nsglang:num_used_tokens{a=\"1\"} 3"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fams, err := scrape.Parse(bytes.NewReader(data))
@@ -61,6 +66,13 @@ func FuzzParseAndMap(f *testing.F) {
 				}
 				if r.KVTotalBlocks.Set && r.KVTotalBlocks.Value == 0 {
 					t.Fatalf("%s: rank %d reports a total of 0", name, r.Rank)
+				}
+				for _, c := range []scrape.Counter{r.Preemptions, r.PrefilledTokens} {
+					for i := 1; i < len(c); i++ {
+						if c[i].Key <= c[i-1].Key {
+							t.Fatalf("%s: rank %d counter series not strictly ascending by key: %+v", name, r.Rank, c)
+						}
+					}
 				}
 			}
 		}

@@ -18,8 +18,11 @@
 //     moe_ep_rank) the one with the highest used / total counts, never
 //     their sum.
 //
+// Both also read the leading signals of contract §21 (requests waiting and
+// running, preemptions, prompt tokens computed; leading.go has the names).
+//
 // A field the exposition does not give is left out of the load (its
-// events.Optional is unset), never reported as 0.
+// events.Optional is unset, its Counter nil), never reported as 0.
 //
 //	fams, err := scrape.Parse(resp.Body)
 //	...
@@ -142,6 +145,15 @@ type RankLoad struct {
 	KVTotalBlocks       events.Optional // KV-cache blocks in total
 	ActivePrefillTokens events.Optional // tokens being prefilled
 	MaxNumBatchedTokens events.Optional // batch-token capacity
+
+	// The leading signals of contract §21 (see leading.go): the requests
+	// waiting and running, and the engine's counters of preemptions and
+	// prompt tokens computed, series by series (a CounterSum makes the
+	// reports' counters of them).
+	WaitingRequests events.Optional
+	RunningRequests events.Optional
+	Preemptions     Counter
+	PrefilledTokens Counter
 }
 
 // Snapshot is what a Mapping reads from one exposition.

@@ -52,6 +52,11 @@ const (
 //     the smallest positive total. A dp_rank label that is not a decimal
 //     uint32 makes its series unusable.
 //
+// The leading signals (leading.go): the request gauges, the retraction
+// counter and the prompt tokens computed, by the dp_rank label, a rank's
+// scheduler replicas never summed; a rank named only by them is a rank too
+// (its KV fields unset).
+//
 // SGLang exposes no count of tokens being prefilled (num_queue_reqs counts
 // requests) and no batch-token capacity, so ActivePrefillTokens and
 // MaxNumBatchedTokens stay unset.
@@ -86,7 +91,7 @@ func (s *sglangSeries) derive() {
 }
 
 // Loads returns the load of every rank named by the used or the total
-// metric.
+// metric, or by a leading signal.
 func (SGLang) Loads(fams Families) Snapshot {
 	// Rank → label signature → series.
 	ranks := map[uint32]map[string]*sglangSeries{}
@@ -139,6 +144,15 @@ func (SGLang) Loads(fams Families) Snapshot {
 		s.usage, s.hasUsage = max(s.usage, v), true
 	})
 
+	lead := sglangLeading(fams)
+	named := map[uint32]bool{}
+	lead.ranks(named)
+	for r := range named {
+		if ranks[r] == nil {
+			ranks[r] = map[string]*sglangSeries{}
+		}
+	}
+
 	snap := Snapshot{Ranks: make([]RankLoad, 0, len(ranks))}
 	if len(ranks) > 0 {
 		snap.BlockSize = 1
@@ -147,7 +161,9 @@ func (SGLang) Loads(fams Families) Snapshot {
 		for _, s := range ranks[r] {
 			s.derive()
 		}
-		snap.Ranks = append(snap.Ranks, sglangRank(r, ranks[r]))
+		rl := sglangRank(r, ranks[r])
+		lead.fill(&rl)
+		snap.Ranks = append(snap.Ranks, rl)
 	}
 	return snap
 }

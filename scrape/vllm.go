@@ -54,6 +54,10 @@ const (
 //     never hidden. An engine label that is not a decimal uint32 makes its
 //     series unusable.
 //
+// The leading signals (leading.go): the request gauges, the preemption
+// counter and the computed prompt tokens, by the engine label; a rank named
+// only by them is a rank too (its KV fields unset).
+//
 // vLLM exposes no count of tokens being prefilled (num_requests_waiting
 // counts requests) and no batch-token capacity, so ActivePrefillTokens and
 // MaxNumBatchedTokens stay unset. BlockSize is the block_size label when
@@ -70,7 +74,8 @@ type vllmRank struct {
 	hasUsage, hasT bool
 }
 
-// Loads returns the load of every rank named by either metric.
+// Loads returns the load of every rank named by a usage metric, the cache
+// configuration or a leading signal.
 func (VLLM) Loads(fams Families) Snapshot {
 	ranks := map[uint32]*vllmRank{}
 	get := func(r uint32) *vllmRank {
@@ -150,6 +155,12 @@ func (VLLM) Loads(fams Families) Snapshot {
 	if !blockSizeOK {
 		blockSize = 0
 	}
+	lead := vllmLeading(fams)
+	named := map[uint32]bool{}
+	lead.ranks(named)
+	for r := range named {
+		get(r)
+	}
 	if shared.hasT {
 		for r, d := range ranks {
 			if !own[r] && !d.hasT {
@@ -162,6 +173,7 @@ func (VLLM) Loads(fams Families) Snapshot {
 	for _, r := range sortedRanks(ranks) {
 		d := ranks[r]
 		rl := RankLoad{Rank: r}
+		lead.fill(&rl)
 		if d.hasT {
 			rl.KVTotalBlocks = events.Some(d.total)
 			if d.hasUsage {

@@ -92,7 +92,8 @@ func (t *Tracker) appendLoads(dst []Load, model, tenant string, c *loadCursor, l
 				return dst
 			}
 			dst = append(dst, Load{Model: k.model, Tenant: k.tenant, WorkerID: r.key.worker, DPRank: r.key.rank,
-				ActivePrefillTokens: r.prefill.value(), ActiveDecodeBlocks: uint64(len(r.blocks))})
+				ActivePrefillTokens: r.prefill.value(), ActiveDecodeBlocks: uint64(len(r.blocks)),
+				KVCommittedBlocks: r.committed.value(), Committed: r.committers > 0})
 			c.k, c.at, c.started = k, r.key, true
 			n++
 		}

@@ -5,6 +5,9 @@
 // complete, and freed; the load of each rank is the number of distinct
 // blocks of its active requests and the prompt tokens still to prefill, and
 // a projection tells what adding a request to each rank would make of it.
+// A request may also carry the KV blocks it would hold at its expected
+// length (contract §21, a router's estimate); a rank sums those of its
+// active requests.
 //
 // The errors of the methods wrap ErrInvalid, ErrNotFound, ErrConflict,
 // ErrLimit or ErrTooLarge, which an HTTP layer answers 400, 404, 409, 429
@@ -185,6 +188,11 @@ type Load struct {
 	DPRank              uint32 `json:"dp_rank"`
 	ActivePrefillTokens uint64 `json:"active_prefill_tokens"`
 	ActiveDecodeBlocks  uint64 `json:"active_decode_blocks"`
+	// KVCommittedBlocks sums the CommittedBlocks of the rank's active
+	// requests that carry them (contract §21), and Committed says whether
+	// any does. Not in Dynamo's API: /loads leaves them out.
+	KVCommittedBlocks uint64 `json:"-"`
+	Committed         bool   `json:"-"`
 }
 
 // Potential is one rank's load if a request were added to it.
@@ -205,6 +213,11 @@ type Request struct {
 	Hashes []uint64
 	// NewISLTokens are the prompt tokens to prefill; 0: none counted.
 	NewISLTokens uint64
+	// CommittedBlocks, when HasCommitted, are the blocks the request would
+	// hold at its expected length (contract §21), in the engine's block
+	// size: a router that knows them says so. Dynamo's /add does not.
+	CommittedBlocks uint64
+	HasCommitted    bool
 }
 
 // HashFromSigned reads a hash sent as a signed 64-bit JSON integer
@@ -227,6 +240,10 @@ type rankKey struct {
 type rank struct {
 	blocks  map[uint64]uint32 // distinct block hashes of the active requests, with reference counts
 	prefill tokens            // new_isl_tokens of the requests not yet prefill-complete
+	// committed sums the CommittedBlocks of the active requests that carry
+	// them; committers counts those requests.
+	committed  tokens
+	committers int
 	// requests are the rank's active requests, linked through their prev
 	// and next: dropping a rank (an unregistration, a moved range) walks
 	// its own requests, not every request of the tracker.
@@ -297,6 +314,8 @@ type request struct {
 	at         rankKey
 	hashes     []uint64 // distinct
 	prefill    uint64   // 0 once prefill-complete
+	committed  uint64   // CommittedBlocks, when hasCommit
+	hasCommit  bool
 	added      time.Time
 	freed      bool
 	prev, next *request // the other active requests of its rank
@@ -703,13 +722,18 @@ func (t *Tracker) add(tr *tracker, rk rankKey, rs *rank, req Request) error {
 		return t.refuse(RejectedBlocks, fmt.Errorf("%d block hashes held, %d more would pass the cap of %d: %w",
 			t.blocks, len(hashes), t.cfg.MaxBlocks, ErrLimit))
 	}
-	r := &request{id: req.ID, tracker: tr, at: rk, hashes: hashes, prefill: req.NewISLTokens, added: t.cfg.Now()}
+	r := &request{id: req.ID, tracker: tr, at: rk, hashes: hashes, prefill: req.NewISLTokens,
+		committed: req.CommittedBlocks, hasCommit: req.HasCommitted, added: t.cfg.Now()}
 	for _, h := range hashes {
 		if rs.blocks[h]++; rs.blocks[h] == 1 {
 			tr.hold(h, rk)
 		}
 	}
 	rs.prefill.add(r.prefill)
+	if r.hasCommit {
+		rs.committed.add(r.committed)
+		rs.committers++
+	}
 	rs.link(r)
 	tr.requests[req.ID] = r
 	t.requests++
@@ -799,6 +823,10 @@ func (t *Tracker) free(r *request) {
 			}
 		}
 		rs.prefill.sub(r.prefill)
+		if r.hasCommit {
+			rs.committed.sub(r.committed)
+			rs.committers--
+		}
 		rs.unlink(r)
 	}
 	r.freed = true

@@ -54,7 +54,7 @@ func TestWorkedExample(t *testing.T) {
 	must(t, tr.Add(Request{Model: "llama-3-8b", ID: "req-123", WorkerID: 7, DPRank: 0,
 		Hashes: []uint64{101, HashFromSigned(-22), 303}, NewISLTokens: 48}))
 	loads := tr.Loads("", "")
-	want := "[{llama-3-8b default 7 0 48 3} {llama-3-8b default 7 1 0 0}]"
+	want := "[{llama-3-8b default 7 0 48 3 0 false} {llama-3-8b default 7 1 0 0 0 false}]"
 	if got := fmt.Sprint(loads); got != want {
 		t.Errorf("loads %s, want %s", got, want)
 	}
@@ -69,14 +69,14 @@ func TestWorkedExample(t *testing.T) {
 	// Prefill complete: the tokens leave, the blocks stay; repeated: no-op.
 	must(t, tr.PrefillComplete("llama-3-8b", "default", "req-123"))
 	must(t, tr.PrefillComplete("llama-3-8b", "default", "req-123"))
-	if got := fmt.Sprint(tr.Loads("llama-3-8b", "")[0]); got != "{llama-3-8b default 7 0 0 3}" {
+	if got := fmt.Sprint(tr.Loads("llama-3-8b", "")[0]); got != "{llama-3-8b default 7 0 0 3 0 false}" {
 		t.Errorf("after prefill complete %s", got)
 	}
 	// Free: idempotent, an unknown request included.
 	must(t, tr.Free("llama-3-8b", "", "req-123"))
 	must(t, tr.Free("llama-3-8b", "", "req-123"))
 	must(t, tr.Free("llama-3-8b", "", "never-added"))
-	if got := fmt.Sprint(tr.Loads("", "default")[0]); got != "{llama-3-8b default 7 0 0 0}" {
+	if got := fmt.Sprint(tr.Loads("", "default")[0]); got != "{llama-3-8b default 7 0 0 0 0 false}" {
 		t.Errorf("after free %s", got)
 	}
 }
@@ -201,7 +201,7 @@ func TestReRegister(t *testing.T) {
 	must(t, tr.Add(Request{Model: "m", ID: "r0", WorkerID: 1, DPRank: 0, Hashes: []uint64{1}}))
 	must(t, tr.Add(Request{Model: "m", ID: "r1", WorkerID: 1, DPRank: 1, Hashes: []uint64{2}}))
 	must(t, tr.Register(Worker{WorkerID: 1, Model: "m", BlockSize: 16, DPStart: 1, DPSize: 2}))
-	if got := fmt.Sprint(tr.Loads("m", "")); got != "[{m default 1 1 0 1} {m default 1 2 0 0}]" {
+	if got := fmt.Sprint(tr.Loads("m", "")); got != "[{m default 1 1 0 1 0 false} {m default 1 2 0 0 0 false}]" {
 		t.Errorf("loads %s", got)
 	}
 	if s := tr.Stats(); s.Workers != 1 || s.Requests != 1 {
@@ -487,4 +487,46 @@ func TestHoldersFollowBlocks(t *testing.T) {
 		must(t, tr.Free("m", "", id))
 	}
 	check(-1)
+}
+
+// TestCommittedBlocks: a rank sums the committed blocks of its active
+// requests that carry them (contract §21), and says whether any does;
+// prefill complete leaves them, a free, an expiry and a dropped rank take
+// them away.
+func TestCommittedBlocks(t *testing.T) {
+	t.Parallel()
+	tr, c := newTracker(t, func(cfg *Config) { cfg.RequestTTL = time.Minute })
+	must(t, tr.Register(Worker{WorkerID: 1, Model: "m", BlockSize: 16, DPSize: 2}))
+	rank := func(r uint32) Load {
+		t.Helper()
+		for _, l := range tr.Loads("m", "") {
+			if l.DPRank == r {
+				return l
+			}
+		}
+		t.Fatalf("rank %d missing", r)
+		return Load{}
+	}
+	check := func(what string, r uint32, blocks uint64, committed bool) {
+		t.Helper()
+		if l := rank(r); l.KVCommittedBlocks != blocks || l.Committed != committed {
+			t.Errorf("%s: rank %d committed %d (%v), want %d (%v)", what, r, l.KVCommittedBlocks, l.Committed, blocks, committed)
+		}
+	}
+	must(t, tr.Add(Request{Model: "m", ID: "old", WorkerID: 1, NewISLTokens: 9, CommittedBlocks: 4, HasCommitted: true}))
+	c.t = c.t.Add(30 * time.Second)
+	must(t, tr.Add(Request{Model: "m", ID: "a", WorkerID: 1, NewISLTokens: 9, CommittedBlocks: 5, HasCommitted: true}))
+	must(t, tr.Add(Request{Model: "m", ID: "dynamo", WorkerID: 1, NewISLTokens: 9})) // carries none
+	must(t, tr.Add(Request{Model: "m", ID: "b", WorkerID: 1, DPRank: 1, HasCommitted: true}))
+	check("three requests, two with committed blocks", 0, 9, true)
+	check("a request of 0 committed blocks still carries them", 1, 0, true)
+	must(t, tr.PrefillComplete("m", "", "a"))
+	check("prefill complete", 0, 9, true)
+	c.t = c.t.Add(31 * time.Second)
+	check("the old one expired", 0, 5, true)
+	must(t, tr.Free("m", "", "a"))
+	check("freed", 0, 0, false)
+	must(t, tr.Register(Worker{WorkerID: 1, Model: "m", BlockSize: 16, DPSize: 1}))
+	must(t, tr.Register(Worker{WorkerID: 1, Model: "m", BlockSize: 16, DPSize: 2}))
+	check("rank 1 dropped and back", 1, 0, false)
 }

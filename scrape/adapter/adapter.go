@@ -4,6 +4,14 @@
 // that load with the publisher package, registering the engine's endpoint
 // for the routers.
 //
+// Beside the KV blocks it publishes the engine's leading signals of contract
+// §21 the page gives (scrape's leading.go): the requests waiting and
+// running, and its preemption and computed prompt-token counters as the
+// sums of the increases seen since the rank's first good scrape
+// (scrape.CounterSum), so 0 at first and never going down, even when the
+// engine restarts under the adapter; per boot of the adapter's publisher,
+// which lives as long as the adapter.
+//
 // The ranks the worker declares (dp_start, dp_size) are those of the first
 // good scrape: the lowest rank and the number of ranks. A good scrape is an
 // HTTP 200 whose body parses whole and names at least one rank. When no
@@ -216,6 +224,9 @@ type Adapter struct {
 	scrapes *retry.ErrLog
 	ranks   *retry.ErrLog
 	lat     latencyState
+	// counters turn each rank's engine counters into the reports'
+	// counters (scrape.CounterSum), from the rank's first good scrape.
+	counters map[uint32]*rankCounters
 
 	cancel    context.CancelFunc
 	done      chan struct{}
@@ -410,6 +421,30 @@ func (a *Adapter) handle(r result) bool {
 	return true
 }
 
+// rankCounters are one rank's counters of contract §21.
+type rankCounters struct{ preemptions, prefilled scrape.CounterSum }
+
+// counted returns the reports' counters of r: the sums of the increases
+// of its engine counters since the rank's first good scrape, unset where
+// the page does not export the counter.
+func (a *Adapter) counted(r scrape.RankLoad) (preemptions, prefilled events.Optional) {
+	c := a.counters[r.Rank]
+	if c == nil {
+		if a.counters == nil {
+			a.counters = make(map[uint32]*rankCounters)
+		}
+		c = &rankCounters{}
+		a.counters[r.Rank] = c
+	}
+	if v, ok := c.preemptions.Add(r.Preemptions); ok {
+		preemptions = events.Some(v)
+	}
+	if v, ok := c.prefilled.Add(r.PrefilledTokens); ok {
+		prefilled = events.Some(v)
+	}
+	return preemptions, prefilled
+}
+
 // publish hands a good scrape's ranks to the publisher, creating it at the
 // first one, resumes the ranks found and pauses the declared ranks not
 // found.
@@ -428,11 +463,16 @@ func (a *Adapter) publish(snap scrape.Snapshot) error {
 		}
 		i := r.Rank - a.start
 		found[i] = true
+		preemptions, prefilled := a.counted(r)
 		load := publisher.Load{
 			ActiveDecodeBlocks:  r.ActiveDecodeBlocks,
 			KVTotalBlocks:       r.KVTotalBlocks,
 			ActivePrefillTokens: r.ActivePrefillTokens,
 			MaxNumBatchedTokens: r.MaxNumBatchedTokens,
+			WaitingRequests:     r.WaitingRequests,
+			RunningRequests:     r.RunningRequests,
+			Preemptions:         preemptions,
+			PrefilledTokens:     prefilled,
 		}
 		if err := a.pub.Update(r.Rank, load); err != nil {
 			return fmt.Errorf("adapter: update rank %d: %w", r.Rank, err)

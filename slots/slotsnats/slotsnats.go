@@ -248,8 +248,10 @@ func (c EstimatesConfig) Validate() error {
 // IdleLinger, when it leaves the tracker, and when ctx ends (within
 // closeTimeout). So an idle fleet costs no messages, and a router never
 // speaks for a worker it sends nothing to. The reports carry
-// active_decode_blocks and active_prefill_tokens only: the capacities are
-// the engine's to say.
+// active_decode_blocks and active_prefill_tokens, and kv_committed_blocks
+// (contract §21) from the first request that carried committed blocks
+// (slots.Request.HasCommitted: workermon router's, never Dynamo's /add) to
+// the worker's goodbye; the capacities are the engine's to say.
 func Estimates(ctx context.Context, cfg EstimatesConfig) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("slotsnats: estimates: %w", err)
@@ -275,7 +277,11 @@ type estPub struct {
 	p           *publisher.Publisher
 	start, size uint32
 	idleSince   time.Time // zero while the worker has load
+	committed   bool      // the reports carry kv_committed_blocks
 }
+
+// rankSum is a rank's load summed over tenants.
+type rankSum struct{ blocks, prefill, committed uint64 }
 
 type estimator struct {
 	cfg    EstimatesConfig
@@ -306,14 +312,20 @@ func (e *estimator) pass(ctx context.Context) {
 		// The publisher declares at most MaxRanks ranks, as the monitor accepts.
 		ranges[k] = [2]uint64{start, min(end, start+slots.MaxRanks)}
 	}
-	sums := make(map[rankKey][2]uint64)
+	sums := make(map[rankKey]rankSum)
 	loaded := make(map[workerKey]bool)
+	committed := make(map[workerKey]bool)
 	for _, l := range e.cfg.Tracker.Loads("", "") {
 		k := rankKey{workerKey{l.Model, l.WorkerID}, l.DPRank}
 		s := sums[k]
-		sums[k] = [2]uint64{slots.SaturatingAdd(s[0], l.ActiveDecodeBlocks), slots.SaturatingAdd(s[1], l.ActivePrefillTokens)}
-		if l.ActiveDecodeBlocks > 0 || l.ActivePrefillTokens > 0 {
+		sums[k] = rankSum{blocks: slots.SaturatingAdd(s.blocks, l.ActiveDecodeBlocks),
+			prefill:   slots.SaturatingAdd(s.prefill, l.ActivePrefillTokens),
+			committed: slots.SaturatingAdd(s.committed, l.KVCommittedBlocks)}
+		if l.ActiveDecodeBlocks > 0 || l.ActivePrefillTokens > 0 || l.KVCommittedBlocks > 0 {
 			loaded[k.w] = true
+		}
+		if l.Committed {
+			committed[k.w] = true
 		}
 	}
 	now := time.Now()
@@ -350,9 +362,17 @@ func (e *estimator) pass(ctx context.Context) {
 			}
 			e.pubs[k] = ep
 		}
+		// Once a request with committed blocks went to the worker, its
+		// reports carry them (0 when none is left): a value the monitor
+		// holds is never left standing.
+		ep.committed = ep.committed || committed[k]
 		for rank := uint64(ep.start); rank < uint64(ep.start)+uint64(ep.size); rank++ {
 			s := sums[rankKey{k, uint32(rank)}]
-			_ = ep.p.Update(uint32(rank), publisher.Load{ActiveDecodeBlocks: events.Some(s[0]), ActivePrefillTokens: events.Some(s[1])})
+			load := publisher.Load{ActiveDecodeBlocks: events.Some(s.blocks), ActivePrefillTokens: events.Some(s.prefill)}
+			if ep.committed {
+				load.KVCommittedBlocks = events.Some(s.committed)
+			}
+			_ = ep.p.Update(uint32(rank), load)
 		}
 	}
 }
