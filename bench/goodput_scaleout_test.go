@@ -42,7 +42,9 @@ func TestScaleOutScenario(t *testing.T) {
 			ran = append(ran, p.Name)
 		}
 		for _, other := range Scenarios() {
-			if other.Name != ScenarioScaleOut && runsOn(p, other) != (p.Name != PolicyResched) {
+			// thresholds-best does not run on spike (contract §23).
+			want := p.Name != PolicyResched && (p.Name != PolicyThresholdsBest || other.Name != ScenarioSpike)
+			if other.Name != ScenarioScaleOut && runsOn(p, other) != want {
 				t.Errorf("%s on %s: runs %v", p.Name, other.Name, runsOn(p, other))
 			}
 		}
