@@ -807,6 +807,37 @@ func TestRescheduleSnapshot(t *testing.T) {
 	})
 }
 
+// TestRescheduleSnapshotCommitted: a worker whose ranks all send
+// kv_committed_blocks and request counts carries its committed usage (the
+// mean over ranks, contract §21) and its running and waiting requests, so
+// the planner balances on projected usage and sizes its pairs; a worker
+// without them carries neither.
+func TestRescheduleSnapshotCommitted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		for rank, committed := range []uint64{60, 100} {
+			r := h.report(1, uint32(rank), 10, 100)
+			r.DPRank, r.DPSize = uint32(rank), 2
+			r.KVCommittedBlocks = events.Some(committed)
+			r.RunningRequests, r.WaitingRequests = events.Some(uint64(3)), events.Some(uint64(2))
+			h.send(r)
+		}
+		h.send(h.report(2, 0, 40, 100))
+		synctest.Wait()
+		snap, err := h.m.RescheduleSnapshot(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws := snap.Models[0].Workers
+		if w := ws[0]; !w.HasCommitted || w.Committed < 0.7999 || w.Committed > 0.8001 || w.Requests != 10 {
+			t.Errorf("worker 1 = %+v, want committed usage 0.8 over 10 requests (running and waiting)", w)
+		}
+		if w := ws[1]; w.HasCommitted || w.Requests != 0 || !w.HasUsage {
+			t.Errorf("worker 2 = %+v, want usage only", w)
+		}
+	})
+}
+
 // TestRouterEstimatesCombine: a rank's load per signal is the larger of the
 // engine's value and the sum over fresh router/* sources (contract §3, §11);
 // a router's low estimate never hides the engine's high truth, a stale
