@@ -127,9 +127,9 @@ type BusySet struct {
 	QueuedBy  map[string]map[int64]uint64 `msgpack:"queued_by"`
 	Queued    map[int64]uint64            `msgpack:"queued"`
 	UpdatedAt int64                       `msgpack:"updated_at"`
-	MonitorID  string  `msgpack:"monitor_id"`
-	Epoch      uint64  `msgpack:"epoch"`
-	Seq        uint64  `msgpack:"seq"`
+	MonitorID string                      `msgpack:"monitor_id"`
+	Epoch     uint64                      `msgpack:"epoch"`
+	Seq       uint64                      `msgpack:"seq"`
 }
 
 // MarshalBusySet encodes a record with AppendBusySet. Nil lists and maps
