@@ -89,8 +89,12 @@ type Model struct {
 	// Queued is the number of requests for this model waiting in the
 	// router's queue now (contract §17); nil when the source has no router
 	// queues.
-	Queued  *uint64  `json:"queued,omitempty"`
-	Workers []Worker `json:"workers"`
+	Queued *uint64 `json:"queued,omitempty"`
+	// QueuedOthers is the number of requests for this model the other
+	// routers hold queued, by a fresh record's queued_by (contract §22);
+	// nil when none, or when the source has no router queues.
+	QueuedOthers *uint64  `json:"queued_others,omitempty"`
+	Workers      []Worker `json:"workers"`
 }
 
 // Counts are the sizes of a model's lists.
