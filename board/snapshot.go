@@ -94,7 +94,11 @@ type Model struct {
 	// the fresh, uncordoned workers of load ÷ limit, 1 at the busy line;
 	// nil when the source has no record of the model.
 	Saturation *float64 `json:"saturation,omitempty"`
-	Workers    []Worker `json:"workers"`
+	// QueuedOthers is the number of requests for this model the other
+	// routers hold queued, by a fresh record's queued_by (contract §22);
+	// nil when none, or when the source has no router queues.
+	QueuedOthers *uint64  `json:"queued_others,omitempty"`
+	Workers      []Worker `json:"workers"`
 }
 
 // Counts are the sizes of a model's lists.

@@ -129,7 +129,7 @@
       'Autoscale on it (workermon_model_saturation) with a target under 1';
     sec.queued.hidden = true;
     sec.queued.title = 'requests for this model waiting in the router\'s queue now (--queue-max-wait), ' +
-      'sent as workers free';
+      'sent as workers free; beside them, those the other routers hold queued (the record\'s queued_by)';
     sec.turnedAway.hidden = true;
     sec.turnedAway.title = 'requests for this model the router did not admit since it started, for any reason: ' +
       'every worker busy, sheddable requests shed, a stale list when failing closed';
@@ -189,11 +189,17 @@
     if (m.queued != null) {
       sec.queued.hidden = false;
       const q = fmt.format(m.queued);
-      if (sec.queued.dataset.v !== q) {
-        sec.queued.dataset.v = q;
-        sec.queued.classList.toggle('waiting', m.queued > 0);
+      // Beside it, the other routers' queues (contract §22).
+      const o = m.queued_others != null ? fmt.format(m.queued_others) : '';
+      if (sec.queued.dataset.v !== q + '/' + o) {
+        sec.queued.dataset.v = q + '/' + o;
+        sec.queued.classList.toggle('waiting', m.queued > 0 || m.queued_others > 0);
         sec.queued.replaceChildren(document.createTextNode('queued '), make('b'));
         sec.queued.children[0].textContent = q;
+        if (o !== '') {
+          sec.queued.appendChild(document.createTextNode(' · other routers '));
+          make('b', '', sec.queued).textContent = o;
+        }
       }
     } else {
       sec.queued.hidden = true;
