@@ -29,7 +29,7 @@ test: vet ## vet, then every unit and in-process test with the race detector (wh
 
 fuzz: ## run each fuzz target for FUZZTIME
 	@for t in events:FuzzDecodeLoadReport events:FuzzDecodeGoodbye events:FuzzDecodeBusySet events:FuzzModelKey \
-		events:FuzzParseModelKey events:FuzzDecodeMigrateRequest events:FuzzDecodeLatencyReport api:FuzzRequest router:FuzzSSEReader router:FuzzParsePrompt scrape:FuzzParseAndMap scrape:FuzzLatencyWindow \
+		events:FuzzParseModelKey events:FuzzDecodeMigrateRequest events:FuzzDecodeLatencyReport events:FuzzDecodeRouterQueue api:FuzzRequest router:FuzzSSEReader router:FuzzParsePrompt scrape:FuzzParseAndMap scrape:FuzzLatencyWindow \
 		sim/stepengine:FuzzEngine; do \
 		pkg=$${t%%:*}; name=$${t#*:}; \
 		$(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) -parallel 1 ./$$pkg || exit 1; done

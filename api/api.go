@@ -38,6 +38,7 @@ import (
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/monitor"
 	"github.com/workermon/workermon/overrides"
+	"github.com/workermon/workermon/slo"
 )
 
 // Defaults of Config.
@@ -124,6 +125,9 @@ type Config struct {
 	// watcher. Nil SLOs: /slo answers 404 and no model is controlled.
 	SLOs        SLOStore
 	OnSLOChange func(ctx context.Context, model string, v overrides.SLO, deleted bool) error
+	// Observed returns the best latency a model's fleet has shown
+	// (sloctl.Controller.Observed), for the replies of /slo. Nil: none.
+	Observed func(model string) (slo.Observed, bool)
 	// Rescheduler returns what GET /rescheduler shows: the recent rounds.
 	// Nil: the endpoint says the rescheduler is off.
 	Rescheduler func() any

@@ -462,7 +462,8 @@ func TestInspect(t *testing.T) {
 	f := newFixture(t, "", nil)
 	f.mon.records = []events.BusySet{
 		{Model: "a", Busy: []uint64{1}, Hard: []uint64{1}, Reasons: map[string]string{"1": "kv"}, AllBusy: true, Thresholds: testDefaults},
-		{Model: testModel, Free: []uint64{2, 3}, Amber: []uint64{3}, Routers: 2},
+		{Model: testModel, Free: []uint64{2, 3}, Amber: []uint64{3}, Routers: 2,
+			QueuedBy: map[string]map[int64]uint64{"router/a": {0: 3, -1: 1}}, Queued: map[int64]uint64{0: 3, -1: 1}},
 	}
 	f.mon.workers = []monitor.WorkerRow{{Model: "a", WorkerID: 1, State: "busy", Reason: "kv", Sources: []string{"engine"}, Ranks: []uint32{0}}}
 	f.mon.loads = []monitor.LoadRow{{Model: "a", WorkerID: 1, DPRank: 0, ActiveDecodeBlocks: 90, KVTotalBlocks: 100, Busy: true, Reason: "kv", Sources: map[string]monitor.SourceLoad{}}}
@@ -471,8 +472,8 @@ func TestInspect(t *testing.T) {
 		status int
 		want   string
 	}{
-		{"/busy", 200, `{"records":[{"model":"a","busy":[1],"free":[],"stale":[],"all_busy":true,"amber":[],"hard":[1],"reasons":{"1":"kv"},"thresholds":{"active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null},"routers":0,"saturation":0},` +
-			`{"model":"Qwen/Qwen3-0.6B","busy":[],"free":[2,3],"stale":[],"all_busy":false,"amber":[3],"hard":[],"reasons":{},"thresholds":{"active_decode_blocks_threshold":null,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null},"routers":2,"saturation":0}]}`},
+		{"/busy", 200, `{"records":[{"model":"a","busy":[1],"free":[],"stale":[],"all_busy":true,"amber":[],"hard":[1],"reasons":{"1":"kv"},"thresholds":{"active_decode_blocks_threshold":0.8,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null},"routers":0,"saturation":0,"queued_by":{},"queued":{}},` +
+			`{"model":"Qwen/Qwen3-0.6B","busy":[],"free":[2,3],"stale":[],"all_busy":false,"amber":[3],"hard":[],"reasons":{},"thresholds":{"active_decode_blocks_threshold":null,"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":null,"kv_committed_threshold":null,"queue_delay_threshold_ms":null},"routers":2,"saturation":0,"queued_by":{"router/a":{"-1":1,"0":3}},"queued":{"-1":1,"0":3}}]}`},
 		{"/busy?model=nobody", 200, `{"records":[]}`},
 		{"/workers?model=a", 200, `{"workers":[{"model":"a","worker_id":1,"state":"busy","reason":"kv","sources":["engine"],"ranks":[0],"age_seconds":0}]}`},
 		{"/workers?model=nobody", 200, `{"workers":[]}`},

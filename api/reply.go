@@ -61,6 +61,10 @@ type Record struct {
 	// Saturation is the mean saturation of the model's fresh, uncordoned
 	// workers, rounded to 0.01 (contract §21).
 	Saturation float64 `json:"saturation"`
+	// QueuedBy are the requests each router holds queued, by priority, and
+	// Queued their sum (contract §22); empty when none.
+	QueuedBy map[string]map[int64]uint64 `json:"queued_by"`
+	Queued   map[int64]uint64            `json:"queued"`
 }
 
 // RecordsReply is the reply of GET /busy, sorted by model.
@@ -77,7 +81,7 @@ type ErrorReply struct {
 func recordOf(b events.BusySet) Record {
 	r := Record{Model: b.Model, Busy: b.Busy, Free: b.Free, Stale: b.Stale, AllBusy: b.AllBusy,
 		Amber: b.Amber, Hard: b.Hard, Reasons: b.Reasons, Thresholds: b.Thresholds, Routers: b.Routers,
-		Saturation: b.Saturation}
+		Saturation: b.Saturation, QueuedBy: b.QueuedBy, Queued: b.Queued}
 	for _, l := range []*[]uint64{&r.Busy, &r.Free, &r.Stale, &r.Amber, &r.Hard} {
 		if *l == nil {
 			*l = []uint64{}
@@ -85,6 +89,12 @@ func recordOf(b events.BusySet) Record {
 	}
 	if r.Reasons == nil {
 		r.Reasons = map[string]string{}
+	}
+	if r.QueuedBy == nil {
+		r.QueuedBy = map[string]map[int64]uint64{}
+	}
+	if r.Queued == nil {
+		r.Queued = map[int64]uint64{}
 	}
 	return r
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -41,6 +42,74 @@ type SLOReply struct {
 	Suggested  *slo.Thresholds `json:"suggested"`
 	Measured   *slo.Measured   `json:"measured"`
 	UpdatedAt  int64           `json:"updated_at"`
+	// Observed is the best latency the model's fleet has shown on this
+	// monitor; nil when it has measured none.
+	Observed *ObservedReply `json:"observed"`
+}
+
+// ObservedReply is the best latency a model's fleet has shown since this
+// monitor first heard its latency windows (slo.Observed): per signal, the
+// lowest latency in ms at each percentile ("p50", "p90", "p95", "p99") of
+// any one --slo-interval's window that held enough samples to judge that
+// percentile; a percentile no window could judge is left out.
+type ObservedReply struct {
+	Windows uint64             `json:"windows"`
+	TTFTms  map[string]float64 `json:"ttft_ms"`
+	ITLms   map[string]float64 `json:"itl_ms"`
+}
+
+// TTFTFloor and ITLFloor are slo.Best.Floor over the reply's values: the
+// lowest latency the windows showed at percentile p, or at the largest
+// kept percentile below it; ok is false when there is none.
+func (o *ObservedReply) TTFTFloor(p float64) (ms, at float64, ok bool) {
+	if o == nil {
+		return 0, 0, false
+	}
+	return bestOf(o.TTFTms).Floor(p)
+}
+
+func (o *ObservedReply) ITLFloor(p float64) (ms, at float64, ok bool) {
+	if o == nil {
+		return 0, 0, false
+	}
+	return bestOf(o.ITLms).Floor(p)
+}
+
+// observedKeys name slo.ObservedPercentiles in ObservedReply.
+var observedKeys = [len(slo.ObservedPercentiles)]string{"p50", "p90", "p95", "p99"}
+
+func bestOf(m map[string]float64) slo.Best {
+	var b slo.Best
+	for i, k := range observedKeys {
+		b[i] = m[k]
+	}
+	return b
+}
+
+func observedReply(o slo.Observed) *ObservedReply {
+	r := &ObservedReply{Windows: o.Windows, TTFTms: map[string]float64{}, ITLms: map[string]float64{}}
+	for i, k := range observedKeys {
+		for _, s := range []struct {
+			b slo.Best
+			m map[string]float64
+		}{{o.TTFT, r.TTFTms}, {o.ITL, r.ITLms}} {
+			if s.b[i] > 0 {
+				s.m[k] = math.Round(s.b[i]*10) / 10
+			}
+		}
+	}
+	return r
+}
+
+// sloReply is sloReply with the model's observed latency.
+func (h *handler) sloReply(v overrides.SLO, st *overrides.SLOStatus) SLOReply {
+	r := sloReply(v, st)
+	if h.cfg.Observed != nil {
+		if o, ok := h.cfg.Observed(v.Model); ok {
+			r.Observed = observedReply(o)
+		}
+	}
+	return r
 }
 
 // SLOsReply is the reply of GET /slo, sorted by model.
@@ -93,12 +162,12 @@ func (h *handler) getSLO(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusNotFound, fmt.Sprintf("model %q has no SLO; POST /slo sets one, e.g. %s", model, exampleSLO))
 			return
 		}
-		writeJSON(w, http.StatusOK, sloReply(v, statusOf(statuses, model)))
+		writeJSON(w, http.StatusOK, h.sloReply(v, statusOf(statuses, model)))
 		return
 	}
 	reply := SLOsReply{SLOs: make([]SLOReply, 0, len(slos))}
 	for _, name := range slices.Sorted(maps.Keys(slos)) {
-		reply.SLOs = append(reply.SLOs, sloReply(slos[name], statusOf(statuses, name)))
+		reply.SLOs = append(reply.SLOs, h.sloReply(slos[name], statusOf(statuses, name)))
 	}
 	writeJSON(w, http.StatusOK, reply)
 }
@@ -154,7 +223,7 @@ func (h *handler) postSLO(w http.ResponseWriter, r *http.Request) {
 	if err == nil && rev != 0 {
 		stp = &st
 	}
-	writeJSON(w, http.StatusOK, sloReply(v, stp))
+	writeJSON(w, http.StatusOK, h.sloReply(v, stp))
 }
 
 // deleteSLO answers DELETE /slo?model=NAME.
@@ -197,7 +266,7 @@ func (h *handler) deleteSLO(w http.ResponseWriter, r *http.Request) {
 	}
 	h.log.Info("api: slo deleted", "model", model, "remote", r.RemoteAddr)
 	v.Model = model
-	writeJSON(w, http.StatusOK, sloReply(v, nil))
+	writeJSON(w, http.StatusOK, h.sloReply(v, nil))
 }
 
 // decodeSLO checks the members of a POST /slo body.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,6 +81,16 @@ type MonitorSpec struct {
 	// SLOPrefillMin and SLOPrefillMax, when positive, are the monitor's
 	// --slo-prefill-range.
 	SLOPrefillMin, SLOPrefillMax uint64
+	// Rescheduling, when positive, is the monitor's
+	// --rescheduling-interval, with the planner's defaults (contract §12).
+	Rescheduling time.Duration
+	// SLOCommittedMin and SLOCommittedMax, when positive, are the
+	// monitor's --slo-committed-range; SLODelayMin and SLODelayMax (ms)
+	// its --slo-delay-range (contract §21: the controller owns the leading
+	// thresholds too). No policy sets them yet: the slo policy runs with
+	// the ranges' defaults.
+	SLOCommittedMin, SLOCommittedMax float64
+	SLODelayMin, SLODelayMax         uint64
 }
 
 // SLOSpec is an SLO of contract §18: latency targets met by a share
@@ -102,6 +113,9 @@ type RouterSpec struct {
 	QueueMaxWait     time.Duration
 	QueueMaxRequests int
 	QueuePace        time.Duration
+	// MigrationLimit, when positive, is the router's --migration-limit:
+	// it continues streams the rescheduler cut.
+	MigrationLimit int
 }
 
 // Monitor is a running monitor.
@@ -149,7 +163,22 @@ const (
 	PolicyThresholdsBest = "thresholds-best"
 	PolicyQueue          = "queue"
 	PolicySLO            = "slo"
+	PolicyCommitted      = "committed"
 )
+
+// CommittedKV is the committed policy's kv_committed_threshold (contract
+// §21): busy once the blocks its requests would hold at their expected
+// length exceed the cache, no overcommit.
+const CommittedKV = 1.0
+
+// CommittedQueueDelay is the committed policy's queue_delay_threshold_ms
+// for a TTFT target: half of it, leaving the other half to the first
+// token's own prefill and the steps around it.
+func CommittedQueueDelay(ttft time.Duration) uint64 { return uint64(ttft.Milliseconds() / 2) }
+
+// MultiRouters is the router count of the policies measured with several
+// routers (queue, slo): --router-shares gives one share each.
+const MultiRouters = 3
 
 // ThresholdsDecode is the `thresholds` policy's KV-cache threshold
 // (contract §16: named, not a version of Dynamo's default).
@@ -196,9 +225,11 @@ const (
 )
 
 // Policies returns contract §16's policies, in the order of the results.
-// quick runs thresholds-best on ramp and shift only.
+// thresholds-best does not run on spike (contract §23); quick runs it on
+// ramp and shift only.
 func Policies(quick bool) []Policy {
-	best := Policy{Name: PolicyThresholdsBest, Routers: []int{1}, Sweep: ThresholdsSweep}
+	best := Policy{Name: PolicyThresholdsBest, Routers: []int{1}, Sweep: ThresholdsSweep,
+		OnlyOn: []string{ScenarioRamp, ScenarioBurst, ScenarioShift}}
 	if quick {
 		best.OnlyOn = []string{ScenarioRamp, ScenarioShift}
 	}
@@ -206,16 +237,21 @@ func Policies(quick bool) []Policy {
 	sloSpec := thresholds
 	sloSpec.SLO, sloSpec.SLOInterval = &SLOSpec{Percentile: SLOPercentile}, SLOInterval
 	sloSpec.SLOPrefillMin, sloSpec.SLOPrefillMax = SLOPrefillMin, SLOPrefillMax
+	committed := MonitorSpec{}
 	if prof, err := stepengine.LookupProfile(GoodputProfile); err == nil {
 		sloSpec.SLO.TTFT, sloSpec.SLO.ITL = prof.SLO.TTFT, prof.SLO.ITL
+		committed.Thresholds = events.Thresholds{KVCommitted: events.Ptr(CommittedKV),
+			QueueDelayMs: events.Ptr(CommittedQueueDelay(prof.SLO.TTFT))}
 	}
 	return []Policy{
 		{Name: PolicyNone, Routers: []int{1}},
 		{Name: PolicyThresholds, Routers: []int{1}, Monitor: thresholds},
 		best,
-		{Name: PolicyQueue, Routers: []int{1, 3}, Monitor: thresholds,
+		{Name: PolicyQueue, Routers: []int{1, MultiRouters}, Monitor: thresholds,
 			Router: RouterSpec{QueueMaxWait: QueueMaxWait, QueuePace: QueuePace}},
-		{Name: PolicySLO, Routers: []int{1, 3}, Monitor: sloSpec},
+		{Name: PolicySLO, Routers: []int{1, MultiRouters}, Monitor: sloSpec},
+		{Name: PolicyCommitted, Routers: []int{1}, Monitor: committed},
+		reschedPolicy(thresholds),
 	}
 }
 
@@ -254,7 +290,20 @@ const (
 	ScenarioRamp  = "ramp"
 	ScenarioBurst = "burst"
 	ScenarioShift = "shift"
+	ScenarioSpike = "spike"
 )
+
+// ClientRetries is how many times the clients of burst and spike send a
+// rejected request again: the official OpenAI SDKs' default (contract
+// §23), with their waits (loadgen.Config.Retries).
+const ClientRetries = 2
+
+// SpikeQueueMaxWait is the queue policy's --queue-max-wait on spike
+// (contract §23): a spike of 200 % for 1 s over 40 % is about 1.6 s of the
+// fleet's work beyond what it serves, which a 2 s wait can hold; requests
+// that wait that long may miss the TTFT target, and both goodput and
+// failures are reported.
+const SpikeQueueMaxWait = 2 * time.Second
 
 // Scenario is a load shape relative to the capacity.
 type Scenario struct {
@@ -264,6 +313,18 @@ type Scenario struct {
 	Rate func(elapsed, length time.Duration) float64
 	// Workload is the workload at elapsed of length.
 	Workload func(elapsed, length time.Duration) loadgen.Workload
+	// Join, when set, is when into length the fleet's last worker joins;
+	// the run starts without it.
+	Join func(length time.Duration) time.Duration
+	// Policies, when set, are the only policies the scenario runs.
+	Policies []string
+	// Retries is how many times its clients send a request again after a
+	// rejection (or another answer the OpenAI SDKs retry); 0: clients
+	// that give up at once.
+	Retries int
+	// QueueMaxWait, when positive, replaces the --queue-max-wait of the
+	// policies whose routers queue.
+	QueueMaxWait time.Duration
 }
 
 // Scenarios returns contract §16's scenarios.
@@ -278,7 +339,7 @@ func Scenarios() []Scenario {
 			}
 			return 0.5 + 2*2*max(0, x)
 		}},
-		{Name: ScenarioBurst, Workload: chat, Rate: func(t, _ time.Duration) float64 {
+		{Name: ScenarioBurst, Workload: chat, Retries: ClientRetries, Rate: func(t, _ time.Duration) float64 {
 			// 70 %, ×10 for 2 s every 10 s (from 5 s to 7 s of each).
 			if p := t % (10 * time.Second); p >= 5*time.Second && p < 7*time.Second {
 				return 7
@@ -292,6 +353,17 @@ func Scenarios() []Scenario {
 				}
 				return loadgen.WorkloadDocuments
 			}},
+		{Name: ScenarioSpike, Workload: chat, Retries: ClientRetries, QueueMaxWait: SpikeQueueMaxWait,
+			Rate: func(t, _ time.Duration) float64 {
+				// 40 %, 200 % in the first second of every 10 s from 5 s
+				// (5 s to 6 s of each): 56 % on average, so a queue can
+				// hold each spike.
+				if p := t % (10 * time.Second); p >= 5*time.Second && p < 6*time.Second {
+					return 2
+				}
+				return 0.4
+			}},
+		scaleOutScenario(),
 	}
 }
 
@@ -312,10 +384,18 @@ type GoodputConfig struct {
 	// measuring it (--capacity: to repeat rows against a run's rates;
 	// tests).
 	Capacity float64
+	// CapacityDocuments, when positive, is taken as the capacity for the
+	// documents workload instead of measuring it (--capacity-documents).
+	// It is measured only when a scenario of the run offers documents.
+	CapacityDocuments float64
 	// MaxDrain, when positive, bounds the wait for the requests still in
 	// flight when the arrivals end (tests: those cut count as not good);
 	// 0 waits up to the client's timeout.
 	MaxDrain time.Duration
+	// RouterShares, when set, splits the load of the rows with as many
+	// routers between them in these proportions (--router-shares 60,30,10,
+	// contract §22); nil: even. Each share is positive.
+	RouterShares []float64
 	// Parallel is how many rows are measured at once, each with its own
 	// monitor, fleet and routers (0: DefaultParallel). The capacity's
 	// trials run one at a time.
@@ -332,9 +412,15 @@ type GoodputConfig struct {
 
 // GoodputResult is contract §16's document.
 type GoodputResult struct {
-	CapacityRPS float64      `json:"capacity_rps"`
-	SLO         SLOms        `json:"slo"`
-	Results     []GoodputRow `json:"results"`
+	CapacityRPS float64 `json:"capacity_rps"`
+	// CapacityDocumentsRPS is the fleet's capacity for documents (contract
+	// §21), 0 when no scenario of the run offers them.
+	CapacityDocumentsRPS float64      `json:"capacity_documents_rps"`
+	SLO                  SLOms        `json:"slo"`
+	Results              []GoodputRow `json:"results"`
+	// RouterShares is the split of the load between the routers of a row
+	// with as many (nil: even).
+	RouterShares []float64 `json:"-"`
 	// Pending lists the policies not measured yet, with why.
 	Pending []Policy `json:"-"`
 	// Policies are the policies of the run, pending or not.
@@ -358,24 +444,70 @@ type SLOms struct {
 // GoodputRow is one scenario under one policy (contract §16). Times in
 // milliseconds; a percentile of nothing is null.
 type GoodputRow struct {
-	Scenario     string   `json:"scenario"`
-	Policy       string   `json:"policy"`
-	Routers      int      `json:"routers"`
-	GoodputRPS   float64  `json:"goodput_rps"`
-	GoodputPct   float64  `json:"goodput_pct"`
-	TTFTp50      *float64 `json:"ttft_p50_ms"`
-	TTFTp99      *float64 `json:"ttft_p99_ms"`
-	ITLp99       *float64 `json:"itl_p99_ms"`
-	RejectedPct  float64  `json:"rejected_pct"`
-	QueueWaitP99 *float64 `json:"queue_wait_p99_ms"`
-	Preemptions  uint64   `json:"preemptions"`
-	CPUPct       float64  `json:"cpu_pct"`
+	Scenario   string  `json:"scenario"`
+	Policy     string  `json:"policy"`
+	Routers    int     `json:"routers"`
+	GoodputRPS float64 `json:"goodput_rps"`
+	GoodputPct float64 `json:"goodput_pct"`
+	// CeilingRPS is the scenario's ceiling (capacities.ceiling): the most
+	// goodput any policy could reach; CeilingPct the row's goodput as a
+	// share of it.
+	CeilingRPS float64  `json:"ceiling_rps"`
+	CeilingPct float64  `json:"ceiling_pct"`
+	TTFTp50    *float64 `json:"ttft_p50_ms"`
+	TTFTp99    *float64 `json:"ttft_p99_ms"`
+	ITLp99     *float64 `json:"itl_p99_ms"`
+	// RejectedPct is the share of the attempts answered 503 or 429 (with
+	// clients that give up, of the requests sent).
+	RejectedPct float64 `json:"rejected_pct"`
+	// FailedPct is the share of the offered requests that never got a 200:
+	// their last attempt was rejected or failed (or they were never sent,
+	// dropped at the client's cap).
+	FailedPct float64 `json:"failed_pct"`
+	// AttemptsPerRequest is the attempts over the requests sent (1 with
+	// clients that give up).
+	AttemptsPerRequest float64  `json:"attempts_per_request"`
+	QueueWaitP99       *float64 `json:"queue_wait_p99_ms"`
+	Preemptions        uint64   `json:"preemptions"`
+	// CPUPct is the host's CPU use over the row: all cores, everything on
+	// the machine, not the benchmark's alone.
+	CPUPct float64 `json:"cpu_pct"`
+	// ByRouter, on the rows of a policy whose routers queue when the load
+	// is split unevenly (GoodputConfig.RouterShares), is each router's
+	// figures, in the order of the shares (contract §22).
+	ByRouter []RouterRow `json:"by_router,omitempty"`
 	// Decode is the decode threshold of a thresholds row (the sweep's
 	// best for thresholds-best), 0 without one.
 	Decode float64 `json:"-"`
+	// Retries is how many times the row's clients retried a request (its
+	// scenario's).
+	Retries int `json:"-"`
 	// Series is the row's course over time, one point a second (of the
 	// first seed), for the report.
 	Series []Point `json:"-"`
+}
+
+// RouterRow is one router's figures in a row, over the attempts it
+// answered (the row's drain included).
+type RouterRow struct {
+	// Share is the share of the load sent to it, of 1.
+	Share float64 `json:"share"`
+	// QueueWaitP90 is the p90 of the waits in its queue of the attempts
+	// that waited (X-Workermon-Queued), in ms; null without one.
+	QueueWaitP90 *float64 `json:"queue_wait_p90_ms"`
+	// RejectedPct is the share of its attempts it answered 503 or 429:
+	// rejected at once, or let go when their wait ran out.
+	RejectedPct float64 `json:"rejected_pct"`
+}
+
+// UnevenShares reports whether shares split a load unevenly.
+func UnevenShares(shares []float64) bool {
+	for _, s := range shares {
+		if s != shares[0] {
+			return true
+		}
+	}
+	return false
 }
 
 // Point is one second of a row, by the requests' arrival.
@@ -384,9 +516,15 @@ type Point struct {
 	T time.Duration
 	// TargetRPS is the offered rate the scenario asks for at T.
 	TargetRPS float64
-	// Offered, Good and Rejected count the requests that arrived in the
-	// second: offered, good, answered 503 or 429.
-	Offered, Good, Rejected int
+	// CeilingRPS is the ceiling over the second: the mean of min(offered
+	// rate, the capacity for the workload offered).
+	CeilingRPS float64
+	// Offered and Good count the requests that arrived in the second:
+	// offered (the measured arrivals), good.
+	Offered, Good int
+	// Attempts and Rejected count the attempts sent in the second (first
+	// sends and retries): all, answered 503 or 429.
+	Attempts, Rejected int
 	// TTFTp99 is the TTFT p99 of the second's successful requests, in ms;
 	// NaN without one.
 	TTFTp99 float64
@@ -398,6 +536,11 @@ func Goodput(ctx context.Context, cfg GoodputConfig) (GoodputResult, error) {
 	start := time.Now()
 	if cfg.Stack == nil {
 		return GoodputResult{}, fmt.Errorf("%w: no stack", ErrInvalidConfig)
+	}
+	for _, sh := range cfg.RouterShares {
+		if !(sh > 0) || math.IsInf(sh, 0) {
+			return GoodputResult{}, fmt.Errorf("%w: router share %v is not a positive number", ErrInvalidConfig, sh)
+		}
 	}
 	if cfg.Seeds < 1 {
 		cfg.Seeds = 1
@@ -429,16 +572,27 @@ func Goodput(ctx context.Context, cfg GoodputConfig) (GoodputResult, error) {
 	}
 	slo := loadgen.SLO{TTFT: prof.SLO.TTFT, ITL: prof.SLO.ITL}
 	res := GoodputResult{SLO: SLOms{TTFT: ms(slo.TTFT), ITL: ms(slo.ITL)}, Profile: GoodputProfile,
-		Workers: GoodputWorkers, Seed: cfg.Seed, Seeds: cfg.Seeds, Scenario: cfg.Timings.Scenario, Results: []GoodputRow{}}
+		Workers: GoodputWorkers, Seed: cfg.Seed, Seeds: cfg.Seeds, Scenario: cfg.Timings.Scenario, Results: []GoodputRow{},
+		RouterShares: cfg.RouterShares}
 	g := &goodput{cfg: cfg, slo: slo}
 	cfg.Progress(fmt.Sprintf("%d %s workers; SLO: TTFT ≤ %v, TPOT ≤ %v (the profile's)", GoodputWorkers, GoodputProfile, slo.TTFT, slo.ITL))
 	if res.CapacityRPS = cfg.Capacity; res.CapacityRPS <= 0 {
-		if res.CapacityRPS, err = g.capacity(ctx); err != nil {
+		if res.CapacityRPS, err = g.capacity(ctx, loadgen.WorkloadChat, ChatGuess); err != nil {
 			return res, err
 		}
 	}
 	cfg.Progress(fmt.Sprintf("capacity: %.2f requests/s", res.CapacityRPS))
-	if res.Results, err = g.rows(ctx, res.CapacityRPS); err != nil {
+	caps := capacities{chat: res.CapacityRPS}
+	if needsDocuments(cfg.Scenarios, cfg.Timings.Scenario) {
+		if caps.docs = cfg.CapacityDocuments; caps.docs <= 0 {
+			if caps.docs, err = g.capacity(ctx, loadgen.WorkloadDocuments, DocumentsGuess(res.CapacityRPS)); err != nil {
+				return res, err
+			}
+		}
+		res.CapacityDocumentsRPS = caps.docs
+		cfg.Progress(fmt.Sprintf("capacity for documents: %.2f requests/s", caps.docs))
+	}
+	if res.Results, err = g.rows(ctx, caps); err != nil {
 		return res, err
 	}
 	res.Policies = cfg.Policies
@@ -462,6 +616,7 @@ type rowJob struct {
 	sc      Scenario
 	p       Policy
 	spec    MonitorSpec
+	router  RouterSpec
 	routers int
 	seed    uint64
 	key     string
@@ -476,23 +631,24 @@ type rowGroup struct {
 	keys []string
 }
 
-// rows measures every scenario under every policy: each configuration of
-// a policy (each value of a sweep) with each seed is a job, the jobs run
-// Parallel at a time, and a row is the best of its configurations, each
-// the median of its seeds. A configuration two policies share
-// (thresholds-best off its sweep is thresholds) is measured once.
-func (g *goodput) rows(ctx context.Context, capacity float64) ([]GoodputRow, error) {
-	var jobs []*rowJob
-	var groups []rowGroup
+// plan lists the jobs of the run and the rows they make: every scenario
+// under every policy that runs on it, each configuration (each value of a
+// sweep) with each seed. A scenario's QueueMaxWait replaces the wait of a
+// policy whose routers queue.
+func (g *goodput) plan() (jobs []*rowJob, groups []rowGroup) {
 	planned := map[string]bool{}
 	for _, sc := range g.cfg.Scenarios {
 		for _, p := range g.cfg.Policies {
-			if p.Pending != "" || len(p.OnlyOn) > 0 && !slices.Contains(p.OnlyOn, sc.Name) {
+			if p.Pending != "" || !runsOn(p, sc) {
 				continue
 			}
 			decodes := []float64{0}
 			if len(p.Sweep) > 0 {
 				decodes = p.Sweep
+			}
+			rs := p.Router
+			if rs.QueueMaxWait > 0 && sc.QueueMaxWait > 0 {
+				rs.QueueMaxWait = sc.QueueMaxWait
 			}
 			for _, routers := range p.Routers {
 				grp := rowGroup{p: p}
@@ -501,7 +657,7 @@ func (g *goodput) rows(ctx context.Context, capacity float64) ([]GoodputRow, err
 					if d > 0 {
 						spec.Thresholds.ActiveDecodeBlocks = events.Ptr(d)
 					}
-					key := fmt.Sprintf("%s/%s/%d/%+v/%v", sc.Name, thresholdsText(spec.Thresholds), routers, p.Router, spec.SLO != nil)
+					key := fmt.Sprintf("%s/%s/%d/%+v/%v/%v", sc.Name, thresholdsText(spec.Thresholds), routers, rs, spec.SLO != nil, spec.Rescheduling)
 					grp.keys = append(grp.keys, key)
 					if planned[key] {
 						continue
@@ -509,7 +665,7 @@ func (g *goodput) rows(ctx context.Context, capacity float64) ([]GoodputRow, err
 					planned[key] = true
 					for s := range g.cfg.Seeds {
 						seed := g.cfg.Seed + uint64(s)
-						jobs = append(jobs, &rowJob{sc: sc, p: p, spec: spec, routers: routers, seed: seed, key: key,
+						jobs = append(jobs, &rowJob{sc: sc, p: p, spec: spec, router: rs, routers: routers, seed: seed, key: key,
 							label: fmt.Sprintf("%s under %s (%s), %d router(s), seed %d", sc.Name, p.Name, thresholdsText(spec.Thresholds), routers, seed)})
 					}
 				}
@@ -517,7 +673,16 @@ func (g *goodput) rows(ctx context.Context, capacity float64) ([]GoodputRow, err
 			}
 		}
 	}
+	return jobs, groups
+}
 
+// rows measures every scenario under every policy: each configuration of
+// a policy (each value of a sweep) with each seed is a job, the jobs run
+// Parallel at a time, and a row is the best of its configurations, each
+// the median of its seeds. A configuration two policies share
+// (thresholds-best off its sweep is thresholds) is measured once.
+func (g *goodput) rows(ctx context.Context, caps capacities) ([]GoodputRow, error) {
+	jobs, groups := g.plan()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -527,7 +692,7 @@ func (g *goodput) rows(ctx context.Context, capacity float64) ([]GoodputRow, err
 	for range max(1, g.cfg.Parallel) {
 		wg.Go(func() {
 			for j := range next {
-				if err := g.measure(ctx, j, capacity); err != nil {
+				if err := g.measure(ctx, j, caps); err != nil {
 					mu.Lock()
 					errs = append(errs, err)
 					mu.Unlock()
@@ -573,43 +738,118 @@ feed:
 }
 
 // measure runs one job and keeps its row.
-func (g *goodput) measure(ctx context.Context, j *rowJob, capacity float64) error {
+func (g *goodput) measure(ctx context.Context, j *rowJob, caps capacities) error {
 	length := g.cfg.Timings.Scenario
 	g.cfg.Progress(j.label)
+	capacity := caps.chat
 	rate := func(t time.Duration) float64 { return capacity * j.sc.Rate(t, length) }
-	samples, run, err := g.run(ctx, j.p, j.spec, j.routers, j.seed, loadShape{
+	shape := loadShape{
 		rate:     rate,
 		workload: func(t time.Duration) loadgen.Workload { return j.sc.Workload(t, length) },
 		length:   length,
-	})
+		retries:  j.sc.Retries,
+	}
+	if j.sc.Join != nil {
+		shape.join = j.sc.Join(length)
+	}
+	samples, run, err := g.run(ctx, j.router, j.spec, j.routers, j.seed, shape)
 	if err != nil {
 		return err
 	}
 	row := summarize(samples, 0, length, capacity)
-	row.Scenario, row.Policy, row.Routers = j.sc.Name, j.p.Name, j.routers
+	row.CeilingRPS = caps.ceiling(j.sc, length, 0, length)
+	if row.CeilingRPS > 0 {
+		row.CeilingPct = 100 * row.GoodputRPS / row.CeilingRPS
+	}
+	row.Scenario, row.Policy, row.Routers, row.Retries = j.sc.Name, j.p.Name, j.routers, j.sc.Retries
 	row.Preemptions, row.CPUPct = run.preemptions, run.cpuPct
+	if j.router.QueueMaxWait > 0 && j.routers > 1 && len(g.cfg.RouterShares) == j.routers && UnevenShares(g.cfg.RouterShares) {
+		row.ByRouter = run.byRouter
+	}
 	if v := j.spec.Thresholds.ActiveDecodeBlocks; v != nil {
 		row.Decode = *v
 	}
 	row.Series = series(samples, length, rate)
+	for i := range row.Series {
+		row.Series[i].CeilingRPS = caps.ceiling(j.sc, length, row.Series[i].T, min(length, row.Series[i].T+time.Second))
+	}
 	j.row = row
-	g.cfg.Progress(fmt.Sprintf("%s: goodput %.2f/s (%.0f %%), rejected %.0f %%, TTFT p99 %s, queue wait p99 %s, preemptions %d (set-up %v, drain %v)",
-		j.label, row.GoodputRPS, row.GoodputPct, row.RejectedPct, msText(row.TTFTp99), msText(row.QueueWaitP99), row.Preemptions,
+	g.cfg.Progress(fmt.Sprintf("%s: goodput %.2f/s (%.0f %%), rejected %.0f %%, failed %.0f %%, %.2f attempts a request, TTFT p99 %s, queue wait p99 %s, preemptions %d (set-up %v, drain %v)",
+		j.label, row.GoodputRPS, row.GoodputPct, row.RejectedPct, row.FailedPct, row.AttemptsPerRequest, msText(row.TTFTp99), msText(row.QueueWaitP99), row.Preemptions,
 		run.setup.Round(100*time.Millisecond), run.drain.Round(100*time.Millisecond)))
 	return nil
 }
 
-// capacity bisects, under policy none with one router and the chat
-// workload, to the highest constant rate at which CapacityGoodFraction of
-// the requests offered in the measured window are good.
-func (g *goodput) capacity(ctx context.Context) (float64, error) {
+// ChatGuess is the chat capacity's bisection's first guess, from the
+// profile's closed-loop figure (docs/sim.md): about 2.5 chat requests/s a
+// worker.
+const ChatGuess = 2.5 * GoodputWorkers
+
+// DocumentsGuess is the documents capacity's bisection's first guess
+// (contract §21): the chat capacity × the mean tokens of a chat request ÷
+// those of a documents request (prompt and output, the ranges' midpoints).
+func DocumentsGuess(chat float64) float64 {
+	mean := func(w loadgen.Workload) float64 {
+		l, _ := w.Lengths()
+		return float64(l.PromptMin+l.PromptMax+l.OutputMin+l.OutputMax) / 2
+	}
+	return chat * mean(loadgen.WorkloadChat) / mean(loadgen.WorkloadDocuments)
+}
+
+// capacities are the fleet's capacities per workload, requests/s.
+type capacities struct{ chat, docs float64 }
+
+// of returns the capacity for w.
+func (c capacities) of(w loadgen.Workload) float64 {
+	if w == loadgen.WorkloadDocuments {
+		return c.docs
+	}
+	return c.chat
+}
+
+// ceilingStep is the step of the ceiling's integral.
+const ceilingStep = 10 * time.Millisecond
+
+// ceiling is what any policy could reach of sc over [from, to) of a
+// scenario of length (contract §21): the mean over that time of min(the
+// offered rate, the capacity for the workload offered), so a scenario's
+// ceiling is the sum over its phases of min(offered, that phase's
+// capacity), as a rate. 0 when to ≤ from.
+func (c capacities) ceiling(sc Scenario, length, from, to time.Duration) float64 {
+	if to <= from {
+		return 0
+	}
+	sum, n := 0.0, 0
+	for t := from + ceilingStep/2; t < to; t += ceilingStep {
+		sum += min(c.chat*sc.Rate(t, length), c.of(sc.Workload(t, length)))
+		n++
+	}
+	return sum / float64(max(n, 1))
+}
+
+// needsDocuments reports whether a scenario of scs offers documents over
+// a length.
+func needsDocuments(scs []Scenario, length time.Duration) bool {
+	for _, sc := range scs {
+		for t := time.Duration(0); t < length; t += ceilingStep {
+			if sc.Workload(t, length) == loadgen.WorkloadDocuments {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// capacity bisects, under policy none with one router and workload w,
+// from guess, to the highest constant rate at which CapacityGoodFraction
+// of the requests offered in the measured window are good.
+func (g *goodput) capacity(ctx context.Context, w loadgen.Workload, guess float64) (float64, error) {
 	t := g.cfg.Timings
-	none := Policy{Name: PolicyNone}
 	trial := func(rate float64) (bool, error) {
-		g.cfg.Progress(fmt.Sprintf("capacity: %.2f requests/s for %v after %v", rate, t.Measure, t.Warmup))
-		samples, _, err := g.run(ctx, none, MonitorSpec{}, 1, g.cfg.Seed, loadShape{
+		g.cfg.Progress(fmt.Sprintf("capacity (%s): %.2f requests/s for %v after %v", w, rate, t.Measure, t.Warmup))
+		samples, _, err := g.run(ctx, RouterSpec{}, MonitorSpec{}, 1, g.cfg.Seed, loadShape{
 			rate:     func(time.Duration) float64 { return rate },
-			workload: func(time.Duration) loadgen.Workload { return loadgen.WorkloadChat },
+			workload: func(time.Duration) loadgen.Workload { return w },
 			length:   t.Warmup + t.Measure,
 		})
 		if err != nil {
@@ -628,9 +868,7 @@ func (g *goodput) capacity(ctx context.Context) (float64, error) {
 		g.cfg.Progress(fmt.Sprintf("  %d of %d good (%.1f %%)", good, offered, 100*frac))
 		return offered > 0 && frac >= CapacityGoodFraction, nil
 	}
-	// A first guess from the profile's closed-loop figure (docs/sim.md):
-	// about 2.5 chat requests/s a worker.
-	return bisect(trial, 2.5*GoodputWorkers)
+	return bisect(trial, guess)
 }
 
 // bisect finds, from a first guess r, the highest rate at which trial
@@ -671,10 +909,28 @@ func bisect(trial func(rate float64) (bool, error), r float64) (float64, error) 
 	return lo, nil
 }
 
+// tries returns s's attempts: its Tries, or its one attempt when they are
+// not given; none when it was dropped.
+func tries(s loadgen.Sample) []loadgen.Try {
+	if s.Dropped {
+		return nil
+	}
+	if len(s.Tries) > 0 {
+		return s.Tries
+	}
+	return []loadgen.Try{{Status: s.Result.Status}}
+}
+
+// rejection reports whether an answer of status is a rejection: 503 (every
+// worker busy) or 429 (shed, or let go by a queue).
+func rejection(status int) bool {
+	return status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests
+}
+
 // summarize computes a row's figures over the requests offered in [from,
 // from+length).
 func summarize(samples []loadgen.Sample, from, length time.Duration, capacity float64) GoodputRow {
-	var offered, good, rejected int
+	var offered, good, sent, attempts, rejected, failed int
 	var ttft, tpot, wait []time.Duration
 	for _, s := range samples {
 		if s.Offered < from || s.Offered >= from+length {
@@ -684,9 +940,17 @@ func summarize(samples []loadgen.Sample, from, length time.Duration, capacity fl
 		if s.Good {
 			good++
 		}
-		switch s.Result.Status {
-		case 503, 429:
-			rejected++
+		if s.Dropped || s.Failed {
+			failed++
+		}
+		if ts := tries(s); len(ts) > 0 {
+			sent++
+			attempts += len(ts)
+			for _, t := range ts {
+				if rejection(t.Status) {
+					rejected++
+				}
+			}
 		}
 		if s.OK {
 			ttft = append(ttft, s.Result.TTFT)
@@ -703,7 +967,11 @@ func summarize(samples []loadgen.Sample, from, length time.Duration, capacity fl
 		row.GoodputPct = 100 * row.GoodputRPS / capacity
 	}
 	if offered > 0 {
-		row.RejectedPct = 100 * float64(rejected) / float64(offered)
+		row.FailedPct = 100 * float64(failed) / float64(offered)
+	}
+	if sent > 0 {
+		row.RejectedPct = 100 * float64(rejected) / float64(attempts)
+		row.AttemptsPerRequest = float64(attempts) / float64(sent)
 	}
 	row.TTFTp50, row.TTFTp99 = pct(ttft, 50), pct(ttft, 99)
 	row.ITLp99, row.QueueWaitP99 = pct(tpot, 99), pct(wait, 99)
@@ -720,6 +988,14 @@ func series(samples []loadgen.Sample, length time.Duration, target func(time.Dur
 		pts[i].TargetRPS = target(pts[i].T + time.Second/2)
 	}
 	for _, s := range samples {
+		for _, t := range tries(s) {
+			if k := int((s.Offered + t.At) / time.Second); k >= 0 && k < n {
+				pts[k].Attempts++
+				if rejection(t.Status) {
+					pts[k].Rejected++
+				}
+			}
+		}
 		i := int(s.Offered / time.Second)
 		if i < 0 || i >= n {
 			continue
@@ -727,9 +1003,6 @@ func series(samples []loadgen.Sample, length time.Duration, target func(time.Dur
 		pts[i].Offered++
 		if s.Good {
 			pts[i].Good++
-		}
-		if st := s.Result.Status; st == 503 || st == 429 {
-			pts[i].Rejected++
 		}
 		if s.OK {
 			ttfts[i] = append(ttfts[i], s.Result.TTFT)
@@ -796,37 +1069,69 @@ func median(rows []GoodputRow) GoodputRow {
 	}
 	out.GoodputRPS = f(func(r GoodputRow) float64 { return r.GoodputRPS })
 	out.GoodputPct = f(func(r GoodputRow) float64 { return r.GoodputPct })
+	out.CeilingPct = f(func(r GoodputRow) float64 { return r.CeilingPct })
 	out.RejectedPct = f(func(r GoodputRow) float64 { return r.RejectedPct })
+	out.FailedPct = f(func(r GoodputRow) float64 { return r.FailedPct })
+	out.AttemptsPerRequest = f(func(r GoodputRow) float64 { return r.AttemptsPerRequest })
 	out.CPUPct = f(func(r GoodputRow) float64 { return r.CPUPct })
 	out.Preemptions = uint64(math.Round(f(func(r GoodputRow) float64 { return float64(r.Preemptions) })))
 	out.TTFTp50 = opt(func(r GoodputRow) *float64 { return r.TTFTp50 })
 	out.TTFTp99 = opt(func(r GoodputRow) *float64 { return r.TTFTp99 })
 	out.ITLp99 = opt(func(r GoodputRow) *float64 { return r.ITLp99 })
 	out.QueueWaitP99 = opt(func(r GoodputRow) *float64 { return r.QueueWaitP99 })
+	out.ByRouter = nil
+	for i := range rows[0].ByRouter {
+		at := func(r GoodputRow) RouterRow {
+			if i < len(r.ByRouter) {
+				return r.ByRouter[i]
+			}
+			return RouterRow{}
+		}
+		out.ByRouter = append(out.ByRouter, RouterRow{Share: rows[0].ByRouter[i].Share,
+			QueueWaitP90: opt(func(r GoodputRow) *float64 { return at(r).QueueWaitP90 }),
+			RejectedPct:  f(func(r GoodputRow) float64 { return at(r).RejectedPct })})
+	}
 	return out
 }
 
 // rounded returns row with its rates and shares to 0.01.
 func rounded(row GoodputRow) GoodputRow {
-	for _, v := range []*float64{&row.GoodputRPS, &row.GoodputPct, &row.RejectedPct, &row.CPUPct} {
+	for _, v := range []*float64{&row.GoodputRPS, &row.GoodputPct, &row.CeilingRPS, &row.CeilingPct, &row.RejectedPct, &row.FailedPct, &row.CPUPct} {
 		*v = math.Round(*v*100) / 100
+	}
+	row.AttemptsPerRequest = math.Round(row.AttemptsPerRequest*1000) / 1000
+	row.ByRouter = slices.Clone(row.ByRouter)
+	for i := range row.ByRouter {
+		r := &row.ByRouter[i]
+		r.Share = math.Round(r.Share*1000) / 1000
+		r.RejectedPct = math.Round(r.RejectedPct*100) / 100
 	}
 	return row
 }
 
-// thresholdsText names a policy's thresholds.
+// thresholdsText names a policy's thresholds (and tells the
+// configurations of the rows apart).
 func thresholdsText(t events.Thresholds) string {
-	if t.ActiveDecodeBlocks == nil && t.ActivePrefillTokens == nil && t.ActivePrefillTokensFrac == nil {
-		return "no thresholds"
-	}
-	s := ""
+	var parts []string
 	if t.ActiveDecodeBlocks != nil {
-		s = "decode " + strconv.FormatFloat(*t.ActiveDecodeBlocks, 'g', -1, 64)
+		parts = append(parts, "decode "+strconv.FormatFloat(*t.ActiveDecodeBlocks, 'g', -1, 64))
 	}
 	if t.ActivePrefillTokens != nil {
-		s += " prefill " + strconv.FormatUint(*t.ActivePrefillTokens, 10)
+		parts = append(parts, "prefill "+strconv.FormatUint(*t.ActivePrefillTokens, 10))
 	}
-	return s
+	if t.ActivePrefillTokensFrac != nil {
+		parts = append(parts, "prefill frac "+strconv.FormatFloat(*t.ActivePrefillTokensFrac, 'g', -1, 64))
+	}
+	if t.KVCommitted != nil {
+		parts = append(parts, "kv committed "+strconv.FormatFloat(*t.KVCommitted, 'g', -1, 64))
+	}
+	if t.QueueDelayMs != nil {
+		parts = append(parts, "queue delay "+strconv.FormatUint(*t.QueueDelayMs, 10)+" ms")
+	}
+	if len(parts) == 0 {
+		return "no thresholds"
+	}
+	return strings.Join(parts, " ")
 }
 
 // fleetConfig is the benchmark's fleet on natsURL.

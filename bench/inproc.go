@@ -141,8 +141,16 @@ type InProcessResult struct {
 	StormModels     int     `json:"storm_models"`
 	StormLost       int     `json:"storm_lost_final_states"`
 	StormDeadlineMS float64 `json:"storm_final_state_deadline_ms"`
-	DecideNs        float64 `json:"decide_ns"`
-	DecideAllocs    int64   `json:"decide_allocs"`
+	// The routers' queue reports (contract §22) in the storm's shape: the
+	// record writes per second of steady workers alone (heartbeats), with
+	// the queue reports, and with the queue reports beside the storm.
+	QueuesModels      int     `json:"queues_models"`
+	QueuesReports     float64 `json:"queues_reports_per_s"`
+	QueuesBaseWrites  float64 `json:"queues_steady_writes_per_s"`
+	QueuesWrites      float64 `json:"queues_writes_per_s"`
+	QueuesStormWrites float64 `json:"queues_storm_writes_per_s"`
+	DecideNs          float64 `json:"decide_ns"`
+	DecideAllocs      int64   `json:"decide_allocs"`
 }
 
 // bench runs every measurement; progress is told each phase.
@@ -209,7 +217,8 @@ func InProcess(ctx context.Context, cfg InProcessConfig) (InProcessResult, error
 		name string
 		run  func(context.Context, *InProcessResult) error
 	}{
-		{"ingest", b.ingest}, {"latency", b.latency}, {"storm", b.storm}, {"memory", b.memory}, {"decide", b.decide},
+		{"ingest", b.ingest}, {"latency", b.latency}, {"storm", b.storm}, {"queues", b.queues}, {"memory", b.memory},
+		{"decide", b.decide},
 	} {
 		// The ingest profiles its raw and workermon parts apart.
 		stop, err := startProfile(cfg.ProfileDir, phase.name, phase.name != "ingest")
@@ -732,6 +741,9 @@ func PrintInProcess(w io.Writer, r InProcessResult) {
 	fmt.Fprintf(tw, "report → record seen, p99\t%.0f µs\t%.0f µs\t%+.0f µs\n", r.RawP99, r.P99, r.P99-r.RawP99)
 	fmt.Fprintf(tw, "storm, %d workers × 100 flips/s\t—\t%.0f reports/s, %.0f writes/s\t%d of %d final states lost (within %.0f ms)\n",
 		r.StormWorkers, r.StormReports, r.StormWrites, r.StormLost, r.StormModels, r.StormDeadlineMS)
+	fmt.Fprintf(tw, "queues, %d routers × %d models every %v\t—\t%.0f reports/s: %.0f writes/s (steady workers %.0f), storm %.0f\t%+.1f writes/s per model; %+.0f in the storm\n",
+		queueRouters, r.QueuesModels, queuePace, r.QueuesReports, r.QueuesWrites, r.QueuesBaseWrites, r.QueuesStormWrites,
+		(r.QueuesWrites-r.QueuesBaseWrites)/float64(max(r.QueuesModels, 1)), r.QueuesStormWrites-r.StormWrites)
 	fmt.Fprintf(tw, "memory, %d workers × 8 ranks\t—\t%.1f MB heap growth, %.0f MB RSS\t%.0f bytes per rank\n",
 		r.MemWorkers, r.MemMB, r.RSSMB, r.MemBytesPerRank)
 	fmt.Fprintf(tw, "router admission (Decide)\t—\t%.1f ns\t%d allocs\n", r.DecideNs, r.DecideAllocs)

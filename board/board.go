@@ -1,8 +1,10 @@
 // Package board serves workermon's live web board: one page that shows
 // every model with its workers as tiles — each data-parallel rank's KV-cache
-// usage and prefill load against the thresholds in force, busy, free, stale
-// and cordoned colours, amber and hard levels, the reasons, all_busy, and the
-// router's rejection counts — updated live over server-sent events.
+// usage and prefill load against the thresholds in force (on the monitor's,
+// its predicted queue delay and prefill rate too), busy, free, stale and
+// cordoned colours, amber and hard levels, the reasons, all_busy, the
+// model's saturation, and the router's rejection counts — updated live over
+// server-sent events.
 //
 // The page's HTML, CSS and JavaScript are embedded (no build step, no CDN:
 // it works offline). A Board reads a Source: MonitorSource (a monitor's own

@@ -89,8 +89,16 @@ type Model struct {
 	// Queued is the number of requests for this model waiting in the
 	// router's queue now (contract §17); nil when the source has no router
 	// queues.
-	Queued  *uint64  `json:"queued,omitempty"`
-	Workers []Worker `json:"workers"`
+	Queued *uint64 `json:"queued,omitempty"`
+	// Saturation is the record's saturation (contract §21): the mean over
+	// the fresh, uncordoned workers of load ÷ limit, 1 at the busy line;
+	// nil when the source has no record of the model.
+	Saturation *float64 `json:"saturation,omitempty"`
+	// QueuedOthers is the number of requests for this model the other
+	// routers hold queued, by a fresh record's queued_by (contract §22);
+	// nil when none, or when the source has no router queues.
+	QueuedOthers *uint64  `json:"queued_others,omitempty"`
+	Workers      []Worker `json:"workers"`
 }
 
 // Counts are the sizes of a model's lists.
@@ -134,6 +142,17 @@ type Rank struct {
 	// check is on.
 	Prefill      uint64  `json:"prefill"`
 	PrefillLimit *uint64 `json:"prefill_limit,omitempty"`
+	// The leading values the monitor derives (contract §21), nil when
+	// unknown (and always on a router's board): PrefillRate in tokens per
+	// second, QueueDelayMs the predicted queue delay (prefill ÷ rate), both
+	// rounded to whole units, and PreemptionRate per second, rounded to
+	// hundredths, so that noise below what the page shows sends nothing.
+	// DelayLimit is the model's queue-delay threshold in ms, nil when that
+	// check is off.
+	PrefillRate    *float64 `json:"prefill_rate,omitempty"`
+	QueueDelayMs   *float64 `json:"queue_delay_ms,omitempty"`
+	DelayLimit     *uint64  `json:"delay_limit,omitempty"`
+	PreemptionRate *float64 `json:"preemption_rate,omitempty"`
 	// Busy and Reason: the rank is over a threshold, and which (monitor
 	// only). Stale: no fresh source.
 	Busy   bool   `json:"busy,omitempty"`
@@ -175,6 +194,17 @@ func rankThresholds(r *Rank, t events.Thresholds, maxBatched uint64) {
 	if lim, ok := PrefillLimit(t, maxBatched); ok {
 		r.PrefillLimit = &lim
 	}
+	r.DelayLimit = t.QueueDelayMs
+}
+
+// roundTo returns *v rounded to a multiple of 1/per (per 100:
+// hundredths), nil for nil.
+func roundTo(v *float64, per float64) *float64 {
+	if v == nil {
+		return nil
+	}
+	x := math.Round(*v*per) / per
+	return &x
 }
 
 // recordWorkers returns the workers a record lists, ascending by id, with

@@ -81,7 +81,8 @@ func (s *MonitorSource) Snapshot(ctx context.Context) (Snapshot, error) {
 	// Both lists are sorted by model (then worker and rank): one merge.
 	i := 0
 	for _, rec := range records {
-		m := Model{Name: rec.Model, AllBusy: rec.AllBusy, Rejecting: rec.AllBusy, Thresholds: rec.Thresholds, SLO: slos[rec.Model]}
+		m := Model{Name: rec.Model, AllBusy: rec.AllBusy, Rejecting: rec.AllBusy, Thresholds: rec.Thresholds, SLO: slos[rec.Model],
+			Saturation: events.Ptr(rec.Saturation)}
 		m.Workers, m.Counts = recordWorkers(&rec)
 		if rejected != nil {
 			n := rejected[rec.Model]
@@ -104,7 +105,9 @@ func (s *MonitorSource) Snapshot(ctx context.Context) (Snapshot, error) {
 				continue // not listed (left, or not evaluated yet)
 			}
 			r := Rank{Rank: row.DPRank, KVUsed: row.ActiveDecodeBlocks, KVTotal: row.KVTotalBlocks,
-				Prefill: row.ActivePrefillTokens, Busy: row.Busy, Reason: row.Reason, Stale: row.Stale}
+				Prefill: row.ActivePrefillTokens, Busy: row.Busy, Reason: row.Reason, Stale: row.Stale,
+				PrefillRate: roundTo(row.PrefillRate, 1), QueueDelayMs: roundTo(row.QueueDelayMs, 1),
+				PreemptionRate: roundTo(row.PreemptionRate, 100)}
 			rankThresholds(&r, rec.Thresholds, row.MaxNumBatchedTokens)
 			m.Workers[w].Ranks = append(m.Workers[w].Ranks, r)
 		}
@@ -194,11 +197,16 @@ func (s *RouterSource) Snapshot(_ context.Context) (Snapshot, error) {
 			return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.WorkerID, b.WorkerID), cmp.Compare(a.DPRank, b.DPRank))
 		})
 	}
+	now := time.Now()
 	for _, name := range names {
 		m := Model{Name: name}
-		if rec, _, ok := s.BusyList.Record(name); ok {
+		if rec, received, ok := s.BusyList.Record(name); ok {
 			m.AllBusy, m.Thresholds, m.UpdatedAt = rec.AllBusy, rec.Thresholds, rec.UpdatedAt/int64(time.Millisecond)
+			m.Saturation = events.Ptr(rec.Saturation)
 			m.Workers, _ = recordWorkers(&rec)
+			if queued != nil {
+				m.QueuedOthers = queuedOthers(&rec, events.RouterSourcePrefix+s.ID, received, now)
+			}
 		}
 		d := s.BusyList.Decide(name)
 		m.ListStale, m.Rejecting = d.Reason == admission.ReasonStale, !d.Admit
@@ -220,6 +228,33 @@ func (s *RouterSource) Snapshot(_ context.Context) (Snapshot, error) {
 		snap.Models = append(snap.Models, m)
 	}
 	return snap, nil
+}
+
+// queuedFreshFor is how long a record's queued_by counts for a router
+// (busylist.QueuedFreshFor, contract §22).
+const queuedFreshFor = 3 * time.Second
+
+// queuedOthers returns the requests the routers other than own hold queued
+// by rec, received at received (contract §22); nil when it lists none, or
+// when the record is older than queuedFreshFor by now (then the router's
+// admission and pacing do not count them either).
+func queuedOthers(rec *events.BusySet, own string, received, now time.Time) *uint64 {
+	if now.Sub(received) >= queuedFreshFor || now.UnixNano()-rec.UpdatedAt >= int64(queuedFreshFor) {
+		return nil
+	}
+	var n uint64
+	for src, q := range rec.QueuedBy {
+		if src == own {
+			continue
+		}
+		for _, c := range q {
+			n += c
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	return &n
 }
 
 // addRegistered sets the endpoints of the registered workers and adds those

@@ -71,7 +71,7 @@ func TestMonitorSource(t *testing.T) {
 	lim1000, lim500 := uint64(1000), uint64(500)
 	kv := events.Ptr(0.8)
 	want := Snapshot{Kind: KindMonitor, Name: "mon-1", Admissions: map[string]uint64{"admitted": 30, "rejected": 12}, Models: []Model{
-		{Name: "a", Thresholds: testThresholds, Rejected: &twelve,
+		{Name: "a", Thresholds: testThresholds, Rejected: &twelve, Saturation: events.Ptr(0.0),
 			Counts: Counts{Busy: 2, Free: 2, Stale: 1, Cordoned: 1, Amber: 1, Hard: 1},
 			Workers: []Worker{
 				{ID: 1, State: StateBusy, Level: LevelHard, Reason: "kv", Ranks: []Rank{
@@ -85,7 +85,7 @@ func TestMonitorSource(t *testing.T) {
 				{ID: 4, State: StateStale, Ranks: []Rank{{Rank: 0, KVThreshold: kv, PrefillLimit: &lim1000, Stale: true}}},
 				{ID: 5, State: StateFree},
 			}},
-		{Name: "b", Rejected: &zero, Counts: Counts{Free: 1},
+		{Name: "b", Rejected: &zero, Counts: Counts{Free: 1}, Saturation: events.Ptr(0.0),
 			Workers: []Worker{{ID: 7, State: StateFree, Ranks: []Rank{{Rank: 2, Prefill: 5}}}}},
 	}}
 	if !reflect.DeepEqual(got, want) {
@@ -176,7 +176,7 @@ func TestRouterSource(t *testing.T) {
 	kv := events.Ptr(0.8)
 	want := Snapshot{Kind: KindRouter, Name: "r1", Estimates: true, Admissions: map[string]uint64{"rejected": 4}, Models: []Model{
 		{Name: "a", ListStale: true, UpdatedAt: 1_700_000_000_123, Thresholds: testThresholds, Rejected: &zero, Queued: &zero,
-			Counts: Counts{Busy: 2, Free: 2, Stale: 1, Cordoned: 1, Amber: 1, Hard: 1, Unlisted: 1},
+			Saturation: events.Ptr(0.0), Counts: Counts{Busy: 2, Free: 2, Stale: 1, Cordoned: 1, Amber: 1, Hard: 1, Unlisted: 1},
 			Workers: []Worker{
 				{ID: 1, State: StateBusy, Level: LevelHard, Reason: "kv"},
 				{ID: 2, State: StateCordoned, Reason: "cordoned"},
@@ -189,7 +189,7 @@ func TestRouterSource(t *testing.T) {
 			}},
 		{Name: "c", Rejected: &four, Queued: &zero, Counts: Counts{Unlisted: 1}, Workers: []Worker{
 			{ID: 1, State: StateUnlisted, Endpoint: "http://c1", Ranks: []Rank{{Rank: 1, Prefill: 7}}}}},
-		{Name: "d", AllBusy: true, Rejecting: true, Rejected: &zero, Queued: &seven, Counts: Counts{Busy: 1}, Workers: []Worker{
+		{Name: "d", AllBusy: true, Rejecting: true, Rejected: &zero, Queued: &seven, Counts: Counts{Busy: 1}, Saturation: events.Ptr(0.0), Workers: []Worker{
 			{ID: 5, State: StateBusy, Reason: "prefill"}}},
 	}}
 	if !reflect.DeepEqual(got, want) {

@@ -12,7 +12,9 @@ import (
 // TestWriterAcquireClaims: taking a partition over claims every one of its
 // records (the claims are in flight together): each is re-put with this
 // writer's monitor_id, the new epoch, seq 1 and updated_at kept, and handed
-// to OnExisting; the other partition's records are left alone. A record
+// to OnExisting, without the old writer's routers' queues (contract §22:
+// a new writer writes queued_by only from reports it received itself); the
+// other partition's records are left alone. A record
 // with a higher epoch makes the writer give the partition up (OnLost).
 func TestWriterAcquireClaims(t *testing.T) {
 	t.Parallel()
@@ -39,6 +41,7 @@ func TestWriterAcquireClaims(t *testing.T) {
 			for i := range models {
 				rec := writerSet(fmt.Sprintf("org/claim-%d", i), []uint64{uint64(i)}, nil)
 				rec.MonitorID, rec.Epoch, rec.Seq, rec.UpdatedAt = "old-monitor", epoch-1, 50, updated
+				rec.QueuedBy, rec.Queued = map[string]map[int64]uint64{"router/x": {0: 2}}, map[int64]uint64{0: 2}
 				if events.Partition(rec.Model, parts) == 0 {
 					if tt.higher && len(inP0) == models/4 {
 						rec.Epoch = epoch + 2
@@ -83,6 +86,9 @@ func TestWriterAcquireClaims(t *testing.T) {
 				}
 				if rec.MonitorID != "test-monitor" || rec.Epoch != epoch || rec.Seq != 1 || rec.UpdatedAt != updated {
 					t.Errorf("%s claimed as %s epoch %d seq %d updated_at %d", model, rec.MonitorID, rec.Epoch, rec.Seq, rec.UpdatedAt)
+				}
+				if len(rec.QueuedBy) != 0 || len(rec.Queued) != 0 {
+					t.Errorf("%s claimed with the old writer's queues: queued_by %v, queued %v", model, rec.QueuedBy, rec.Queued)
 				}
 			}
 			if got := writerMetric(t, e.reg, "workermon_busy_writer_writes_total", "kind", "claim"); int(got) != len(inP0) {

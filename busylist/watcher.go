@@ -203,6 +203,12 @@ type Watcher struct {
 	// its entries' timers stop when the new map is published, not before,
 	// since routers read it until then. The loop's goroutine only.
 	replaced map[string]*busyEntry
+	// queuedRecords is the number of records in the loop's view that list
+	// a router's queue (contract §22); anyQueued says whether the
+	// published map has any, so that a router's look at the queues costs
+	// one atomic load while no record lists one (queued.go).
+	queuedRecords int
+	anyQueued     atomic.Bool
 }
 
 // busyEntry is one model's record as the router keeps it.
@@ -211,6 +217,10 @@ type busyEntry struct {
 	// classes are rec's candidate lists by priority class (contract §15),
 	// computed once here so that a decision allocates nothing.
 	classes admission.ClassLists
+	// queued are rec's routers' queues (contract §22), by source, computed
+	// once here so that a router's look at them allocates nothing
+	// (queued.go).
+	queued []RouterQueued
 	// received is the router's clock when the put was received.
 	received time.Time
 	// stale is set by timer when the record turns stale (timed Watchers).
@@ -223,6 +233,7 @@ type busyEntry struct {
 func (w *Watcher) newEntry(rec events.BusySet, received time.Time) *busyEntry {
 	e := &busyEntry{rec: rec, received: received}
 	e.classes = admission.PrepareClasses(&e.rec)
+	e.queued = routerQueuedOf(&e.rec)
 	if w.timed {
 		if wait := time.Until(w.policy.StaleAt(&e.rec, received)); wait <= 0 {
 			e.stale.Store(true)
@@ -339,12 +350,14 @@ func (w *watcherSink) Reset() {
 		w.replaced = pub
 	}
 	w.state.Reset()
+	w.queuedRecords = 0
 }
 
 // Publish makes the pending changes the routers' snapshot; after a full
 // re-watch it stops the timers of the entries it replaced.
 func (w *watcherSink) Publish() int {
 	n := w.state.Publish()
+	w.anyQueued.Store(w.queuedRecords > 0)
 	if w.replaced != nil {
 		cur := w.state.Load()
 		for model, e := range w.replaced {
@@ -377,14 +390,19 @@ func (w *watcherSink) Apply(e jetstream.KeyValueEntry, now time.Time) error {
 		}
 		return &kvwatch.RecordError{Reason: events.Reason(err), Err: err}
 	}
-	w.state.View()[model].stop()
-	w.state.Edit()[model] = (*Watcher)(w).newEntry(rec, now)
+	old := w.state.View()[model]
+	old.stop()
+	entry := (*Watcher)(w).newEntry(rec, now)
+	w.queuedRecords += entry.listsQueues() - old.listsQueues()
+	w.state.Edit()[model] = entry
 	return nil
 }
 
 // remove drops a model's record and stops its timer.
 func (w *watcherSink) remove(model string) {
-	w.state.View()[model].stop()
+	old := w.state.View()[model]
+	old.stop()
+	w.queuedRecords -= old.listsQueues()
 	w.state.Remove(model)
 }
 

@@ -778,11 +778,12 @@ func (w *Writer) writableLocked(p int, now time.Time) bool {
 }
 
 // writerSameContent reports whether two busy sets have the same content:
-// everything but v, updated_at, monitor_id, epoch and seq. Nil and empty
-// lists and maps are the same.
+// everything but v, updated_at, monitor_id, epoch and seq (and saturation,
+// kept apart: SetSaturation). Nil and empty lists and maps are the same.
 func writerSameContent(a, b *events.BusySet) bool {
 	return a.Model == b.Model && a.AllBusy == b.AllBusy &&
 		slices.Equal(a.Busy, b.Busy) && slices.Equal(a.Free, b.Free) && slices.Equal(a.Stale, b.Stale) &&
 		slices.Equal(a.Amber, b.Amber) && slices.Equal(a.Hard, b.Hard) &&
-		maps.Equal(a.Reasons, b.Reasons) && a.Thresholds.Equal(b.Thresholds) && a.Routers == b.Routers
+		maps.Equal(a.Reasons, b.Reasons) && a.Thresholds.Equal(b.Thresholds) && a.Routers == b.Routers &&
+		maps.Equal(a.Queued, b.Queued) && maps.EqualFunc(a.QueuedBy, b.QueuedBy, maps.Equal)
 }

@@ -378,6 +378,9 @@ func (r *writerRun) claim(ctx context.Context, h *keyHead, m *rawRecord, epoch u
 		if !m.head.deleted {
 			if s, err := events.DecodeBusySet(m.data); err == nil && s.Model == h.model {
 				s.MonitorID, s.Epoch, s.Seq = w.cfg.MonitorID, epoch, 1
+				// The routers' queues are written only from reports this
+				// writer received itself (contract §22).
+				s.QueuedBy, s.Queued = nil, nil
 				if data, err = events.MarshalBusySet(&s); err != nil {
 					return nil, true, err
 				}

@@ -433,6 +433,25 @@ func TestWriterWritesOnlyChanges(t *testing.T) {
 	}
 }
 
+// TestWriterWritesQueueChanges: a change of the routers' queues alone
+// (contract §22) is a change of content: written.
+func TestWriterWritesQueueChanges(t *testing.T) {
+	t.Parallel()
+	e := newWriterEnv(t)
+	w := e.run(t, e.config())
+	kv := e.bucket(t, events.BusyBucket)
+	w.Set(writerSet("a", nil, []uint64{1}))
+	var rev1 uint64
+	writerEventually(t, "a written", func() bool { _, rev, ok := writerGet(t, kv, "a"); rev1 = rev; return ok })
+	queued := writerSet("a", nil, []uint64{1})
+	queued.QueuedBy, queued.Queued = map[string]map[int64]uint64{"router/r": {0: 3}}, map[int64]uint64{0: 3}
+	w.Set(queued)
+	writerEventually(t, "a rewritten with its queues", func() bool {
+		rec, rev, _ := writerGet(t, kv, "a")
+		return rev > rev1 && rec.QueuedBy["router/r"][0] == 3 && rec.Queued[0] == 3
+	})
+}
+
 func TestWriterHeartbeat(t *testing.T) {
 	t.Parallel()
 	e := newWriterEnv(t)

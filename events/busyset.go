@@ -120,16 +120,23 @@ type BusySet struct {
 	// Saturation is the mean saturation of the model's fresh, uncordoned
 	// workers, rounded to 0.01 (contract §21); absent in older records: 0.
 	Saturation float64 `msgpack:"saturation"`
-	UpdatedAt  int64   `msgpack:"updated_at"`
-	MonitorID  string  `msgpack:"monitor_id"`
-	Epoch      uint64  `msgpack:"epoch"`
-	Seq        uint64  `msgpack:"seq"`
+	// QueuedBy is, per router source (router/<id>), the requests its queue
+	// holds by priority, from the routers' fresh rq reports (contract
+	// §22), and Queued their sum by priority; only priorities with a
+	// request waiting. Absent in older records: empty.
+	QueuedBy  map[string]map[int64]uint64 `msgpack:"queued_by"`
+	Queued    map[int64]uint64            `msgpack:"queued"`
+	UpdatedAt int64                       `msgpack:"updated_at"`
+	MonitorID string                      `msgpack:"monitor_id"`
+	Epoch     uint64                      `msgpack:"epoch"`
+	Seq       uint64                      `msgpack:"seq"`
 }
 
 // MarshalBusySet encodes a record with AppendBusySet. Nil lists and maps
 // are written empty, never as nil.
 func MarshalBusySet(b *BusySet) ([]byte, error) {
-	size := 256 + 10*(len(b.Busy)+len(b.Free)+len(b.Stale)+len(b.Amber)+len(b.Hard)) + 24*len(b.Reasons)
+	size := 256 + 10*(len(b.Busy)+len(b.Free)+len(b.Stale)+len(b.Amber)+len(b.Hard)) + 24*len(b.Reasons) +
+		32*len(b.QueuedBy) + 12*len(b.Queued)
 	return AppendBusySet(make([]byte, 0, size), b), nil
 }
 

@@ -2,6 +2,7 @@ package events
 
 import (
 	"encoding/binary"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -14,7 +15,7 @@ import (
 // the order of their keys. It is the one encoder of records: MarshalBusySet
 // and the busylist Writer use it.
 func AppendBusySet(b []byte, r *BusySet) []byte {
-	b = appendMapLen(b, 16)
+	b = appendMapLen(b, 18)
 	b = appendStr(b, "v")
 	b = appendUint(b, SchemaVersion)
 	b = appendStr(b, "model")
@@ -39,6 +40,10 @@ func AppendBusySet(b []byte, r *BusySet) []byte {
 	b = appendUint(b, r.Routers)
 	b = appendStr(b, "saturation")
 	b = appendFloat(b, r.Saturation)
+	b = appendStr(b, "queued_by")
+	b = appendQueuedBy(b, r.QueuedBy)
+	b = appendStr(b, "queued")
+	b = appendQueued(b, r.Queued)
 	b = appendStr(b, "updated_at")
 	b = appendInt(b, r.UpdatedAt)
 	b = appendStr(b, "monitor_id")
@@ -128,6 +133,36 @@ func appendThresholds(b []byte, t Thresholds) []byte {
 	if t.QueueDelayMs != nil {
 		b = appendStr(b, "queue_delay_threshold_ms")
 		b = appendUint(b, *t.QueueDelayMs)
+	}
+	return b
+}
+
+// appendQueuedBy appends the queued_by map (contract §22): the sources in
+// the order of their names, each one's priorities as appendQueued writes
+// them.
+func appendQueuedBy(b []byte, by map[string]map[int64]uint64) []byte {
+	b = appendMapLen(b, len(by))
+	if len(by) == 0 {
+		return b
+	}
+	for _, src := range slices.Sorted(maps.Keys(by)) {
+		b = appendStr(b, src)
+		b = appendQueued(b, by[src])
+	}
+	return b
+}
+
+// appendQueued appends a map {priority: count}, the highest priority
+// first.
+func appendQueued(b []byte, q map[int64]uint64) []byte {
+	b = appendMapLen(b, len(q))
+	if len(q) == 0 {
+		return b
+	}
+	ps := slices.Sorted(maps.Keys(q))
+	for i := len(ps) - 1; i >= 0; i-- {
+		b = appendInt(b, ps[i])
+		b = appendUint(b, q[ps[i]])
 	}
 	return b
 }

@@ -18,6 +18,8 @@ func recordGeneric(t *testing.T, data []byte) map[string]any {
 	var m map[string]any
 	dec := msgpack.NewDecoder(strings.NewReader(string(data)))
 	dec.UseLooseInterfaceDecoding(true) // every integer as int64 or uint64
+	// Nested maps keyed by integers too (queued_by, queued).
+	dec.SetMapDecoder(func(d *msgpack.Decoder) (any, error) { return d.DecodeUntypedMap() })
 	if err := dec.Decode(&m); err != nil {
 		t.Fatalf("decode: %v", err)
 	}
@@ -38,6 +40,12 @@ func reflectBusySet(t testing.TB, b *BusySet) []byte {
 	}
 	if rec.Reasons == nil {
 		rec.Reasons = map[string]string{}
+	}
+	if rec.QueuedBy == nil {
+		rec.QueuedBy = map[string]map[int64]uint64{}
+	}
+	if rec.Queued == nil {
+		rec.Queued = map[int64]uint64{}
 	}
 	var buf bytes.Buffer
 	e := msgpack.NewEncoder(&buf)
@@ -76,7 +84,9 @@ func TestAppendBusySetMatchesReflection(t *testing.T) {
 			Reasons: map[string]string{"3": ReasonKVPrefill, "1099511627776": ReasonCordoned},
 			Thresholds: Thresholds{ActiveDecodeBlocks: Ptr(0.85), ActivePrefillTokens: Ptr[uint64](1 << 33),
 				ActivePrefillTokensFrac: Ptr(1.5), KVCommitted: Ptr(1.25), QueueDelayMs: Ptr[uint64](60_000)},
-			Routers: 3, Saturation: 0.37, UpdatedAt: 1_763_769_600_000_000_000, MonitorID: strings.Repeat("m", 40), Epoch: 300, Seq: 1 << 20}},
+			Routers: 3, Saturation: 0.37,
+			QueuedBy: map[string]map[int64]uint64{"router/a": {0: 3, -1: 200}, "router/b": {math.MaxInt64: 1, math.MinInt64: 1 << 40}},
+			Queued:   map[int64]uint64{0: 3, -1: 200, math.MaxInt64: 1, math.MinInt64: 1 << 40}, UpdatedAt: 1_763_769_600_000_000_000, MonitorID: strings.Repeat("m", 40), Epoch: 300, Seq: 1 << 20}},
 		{"negative updated_at", BusySet{Model: "m", UpdatedAt: -5_000_000}},
 		{"reasons of workers not busy, busy not sorted", BusySet{Model: "m", Busy: []uint64{9, 2, 2},
 			Reasons: map[string]string{"9": "kv", "2": "prefill", "10": "kv", "x": "kv", "07": "kv"}}},
@@ -94,7 +104,9 @@ func TestAppendBusySetMatchesReflection(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if back.Model != tt.rec.Model || len(back.Reasons) != len(tt.rec.Reasons) {
+			if back.Model != tt.rec.Model || len(back.Reasons) != len(tt.rec.Reasons) ||
+				!reflect.DeepEqual(back.Queued, tt.rec.Queued) && len(tt.rec.Queued) > 0 ||
+				!reflect.DeepEqual(back.QueuedBy, tt.rec.QueuedBy) && len(tt.rec.QueuedBy) > 0 {
 				t.Errorf("decoded %+v", back)
 			}
 		})

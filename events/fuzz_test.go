@@ -79,6 +79,9 @@ func FuzzDecodeBusySet(f *testing.F) {
 	f.Add(b)
 	b, _ = MarshalBusySet(&BusySet{Model: "m", Busy: []uint64{1}, Routers: 3, Reasons: map[string]string{"1": "kv"}})
 	f.Add(b)
+	b, _ = MarshalBusySet(&BusySet{Model: "m", Free: []uint64{1}, Routers: 2,
+		QueuedBy: map[string]map[int64]uint64{"router/a": {0: 3, -1: 1}}, Queued: map[int64]uint64{0: 3, -1: 1}})
+	f.Add(b)
 	f.Add([]byte{0x80})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_, _ = DecodeBusySet(data)

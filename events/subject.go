@@ -31,6 +31,9 @@ const (
 	// KindLatr: <prefix>.latr.<model_key>.<worker_id>, a router's latency
 	// window.
 	KindLatr
+	// KindRq: <prefix>.rq.<model_key>, a router's queue of one model
+	// (contract §22). Its subject has no worker token.
+	KindRq
 )
 
 // String names the kind as its subject token does ("est.bye" for
@@ -49,6 +52,8 @@ func (k Kind) String() string {
 		return "lat"
 	case KindLatr:
 		return "latr"
+	case KindRq:
+		return "rq"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -68,8 +73,8 @@ type Subject struct {
 	Mapped    bool
 	Partition int
 	ModelKey  string
-	WorkerID  string // decimal worker id token
-	DPRank    string // decimal rank token; empty for KindBye, KindEstBye, KindLat and KindLatr
+	WorkerID  string // decimal worker id token; empty for KindRq
+	DPRank    string // decimal rank token; empty for KindBye, KindEstBye, KindLat, KindLatr and KindRq
 }
 
 // LoadSubject is the subject a rank's report is published on:
@@ -155,6 +160,8 @@ func ParseSubject(prefix, subject string) (Subject, error) {
 		s.Kind, want = KindLat, 2
 	case "latr":
 		s.Kind, want = KindLatr, 2
+	case "rq":
+		s.Kind, want = KindRq, 1
 	default:
 		return Subject{}, fmt.Errorf("events: subject %q: unknown kind %q: %w", subject, kind, ErrInvalidSubject)
 	}
@@ -162,9 +169,15 @@ func ParseSubject(prefix, subject string) (Subject, error) {
 		return Subject{}, fmt.Errorf("events: subject %q: want %d tokens after %q: %w", subject, want, kind, ErrInvalidSubject)
 	}
 	s.ModelKey, rest, _ = strings.Cut(rest, ".")
-	if want == 2 {
+	switch want {
+	case 1:
+		if s.ModelKey == "" {
+			return Subject{}, fmt.Errorf("events: subject %q has an empty token: %w", subject, ErrInvalidSubject)
+		}
+		return s, nil
+	case 2:
 		s.WorkerID = rest
-	} else {
+	default:
 		s.WorkerID, s.DPRank, _ = strings.Cut(rest, ".")
 	}
 	if s.Kind == KindEst && s.DPRank == "bye" {

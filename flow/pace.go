@@ -71,16 +71,23 @@ func (p *Pacer) Expire(now time.Time, interval time.Duration) {
 func (p *Pacer) Ready(worker uint64, now time.Time, interval time.Duration) bool {
 	next, seen := p.next[worker]
 	if !seen {
-		next = now.Add(p.firstTurn(interval))
+		next = now.Add(max(0, p.firstTurn(interval)))
 		p.next[worker] = next
 	}
 	return !now.Before(next)
 }
 
 // Handed records that worker was handed a queued request at now: its next
-// turn is one interval later.
+// turn is one interval after this one came due, when it was handed within a
+// pace of that (so that a dispatcher that looks once a pace still hands it
+// one per interval on average, an interval that is not a whole number of
+// paces included), else one interval after now.
 func (p *Pacer) Handed(worker uint64, now time.Time, interval time.Duration) {
-	p.next[worker] = now.Add(interval)
+	next := now.Add(interval)
+	if due, ok := p.next[worker]; ok && !now.Before(due) && now.Sub(due) < p.pace {
+		next = due.Add(interval)
+	}
+	p.next[worker] = next
 }
 
 // firstTurn returns when, from now, a router may hand a worker it sees

@@ -87,3 +87,37 @@ func TestPacerTurns(t *testing.T) {
 		t.Fatal("a forgotten worker's next turn is not a first one")
 	}
 }
+
+// TestPacerKeepsTheScheduleBetweenTicks: a dispatcher that looks once a
+// pace hands a worker one queued request per interval on average, also
+// for an interval that is not a whole number of paces (contract §22's
+// shares); a worker handed late starts a new schedule.
+func TestPacerKeepsTheScheduleBetweenTicks(t *testing.T) {
+	t.Parallel()
+	for _, interval := range []time.Duration{pace, 3 * pace, pace * 5 / 3, pace * 10 / 3, pace * 7 / 2} {
+		p := NewPacer(pace, func(int64) int64 { return 0 })
+		now := time.Unix(100, 0)
+		handed := 0
+		const ticks = 3000
+		for range ticks {
+			now = now.Add(pace)
+			if p.Ready(1, now, interval) {
+				p.Handed(1, now, interval)
+				handed++
+			}
+		}
+		want := float64(ticks*pace) / float64(interval)
+		if d := float64(handed) - want; d < -2 || d > 2 {
+			t.Errorf("interval %v: %d hand-offs in %d paces, want %.0f", interval, handed, ticks, want)
+		}
+	}
+	// Handed a pace or more after its turn: the next is an interval later.
+	p := NewPacer(pace, nil)
+	now := time.Unix(100, 0)
+	p.Handed(1, now, 3*pace)
+	late := now.Add(3*pace + pace)
+	p.Handed(1, late, 3*pace)
+	if p.Ready(1, late.Add(3*pace-1), 3*pace) {
+		t.Fatal("a late hand-off kept the old schedule")
+	}
+}

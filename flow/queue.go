@@ -363,3 +363,31 @@ func (q *Queue[T]) All() iter.Seq[*Item[T]] {
 		}
 	}
 }
+
+// Level is what a queue holds at one priority.
+type Level struct {
+	Priority int64
+	N        int
+	// Oldest is when the oldest request of the priority joined.
+	Oldest time.Time
+}
+
+// Levels appends to dst what the queue holds at each priority, highest
+// first, at most limit priorities (limit ≤ 0: every one), and returns it.
+func (q *Queue[T]) Levels(dst []Level, limit int) []Level {
+	for i, lvl := range q.levels {
+		if limit > 0 && i >= limit {
+			break
+		}
+		l := Level{Priority: lvl.priority}
+		for _, tq := range lvl.tenants {
+			l.N += tq.n
+			// A tenant's head is its oldest.
+			if l.Oldest.IsZero() || tq.head.since.Before(l.Oldest) {
+				l.Oldest = tq.head.since
+			}
+		}
+		dst = append(dst, l)
+	}
+	return dst
+}

@@ -384,3 +384,28 @@ func TestBudgetConcurrent(t *testing.T) {
 		t.Fatalf("used %d after every queue emptied, want 0", b.Used())
 	}
 }
+
+// TestQueueLevels: what the queue holds at each priority, highest first:
+// its requests over every tenant, and when its oldest joined (a tenant's
+// head, whoever's turn it is); at most limit priorities.
+func TestQueueLevels(t *testing.T) {
+	t.Parallel()
+	q := newTestQueue(t, 100, nil)
+	if got := q.Levels(nil, 0); len(got) != 0 {
+		t.Fatalf("empty queue: %v", got)
+	}
+	q.add("a", 0, "x") // t0+1ms
+	q.add("b", 0, "y")
+	q.add("c", 2, "x")
+	q.add("d", -1, "x")
+	q.add("e", 0, "y")
+	q.Pop() // c
+	q.Pop() // a: y's b is the oldest of priority 0 now
+	want := []Level{{Priority: 0, N: 2, Oldest: q.items["b"].Since()}, {Priority: -1, N: 1, Oldest: q.items["d"].Since()}}
+	if got := q.Levels(nil, 0); !slices.Equal(got, want) {
+		t.Fatalf("Levels = %v, want %v", got, want)
+	}
+	if got := q.Levels(nil, 1); !slices.Equal(got, want[:1]) {
+		t.Fatalf("Levels limited to 1 = %v, want %v", got, want[:1])
+	}
+}

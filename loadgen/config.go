@@ -256,6 +256,19 @@ type Sample struct {
 	// cut off by the end of the run during an attempt, is not failed; one
 	// cut off while it waited to be sent again counts by its last answer.
 	Failed bool
+	// Tries are its attempts, in order (len(Tries) == Attempts): when each
+	// was sent and how it was answered, so that a benchmark can count the
+	// attempts of each second (a retry wave) and the rejections among them.
+	Tries []Try
+}
+
+// Try is one attempt of a request.
+type Try struct {
+	// At is when it was sent, since the request's first attempt (0 for
+	// the first).
+	At time.Duration
+	// Status is its answer's HTTP status, 0 without an answer.
+	Status int
 }
 
 // DefaultConfig returns streamed completions of DefaultModel to

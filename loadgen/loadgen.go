@@ -317,7 +317,7 @@ func (g *Generator) launch(ctx context.Context, now time.Time, offered time.Dura
 		g.rec.done(time.Now(), d)
 		if g.cfg.OnDone != nil {
 			g.cfg.OnDone(Sample{Offered: offered, OK: d.o == outOK, Result: d.res, Good: d.good,
-				Queued: d.anyQueued, QueueWait: d.waited, Attempts: d.attempts, Failed: d.failed()})
+				Queued: d.anyQueued, QueueWait: d.waited, Attempts: d.attempts, Failed: d.failed(), Tries: d.tries})
 		}
 	})
 }

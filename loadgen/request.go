@@ -95,9 +95,13 @@ func (g *Generator) do(ctx context.Context, start time.Time, body []byte, priori
 	}
 	var waited time.Duration // in a router's queue, over the attempts
 	queued := false
+	tries := make([]Try, 0, 1+g.cfg.Retries)
 	for n := 0; ; n++ {
+		at := time.Since(start)
 		d, header, noAnswer := g.attempt(ctx, reqCtx, cancel, start, body, priority, n, maxTokens, fl, cancelIt)
 		d.attempts = n + 1
+		tries = append(tries, Try{At: at, Status: d.res.Status})
+		d.tries = tries
 		if d.queued {
 			queued, waited = true, waited+d.queueWait
 		}

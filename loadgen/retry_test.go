@@ -93,9 +93,10 @@ func TestRetryDelay(t *testing.T) {
 type scriptTransport struct {
 	answer func(n int, now time.Time) *http.Response
 
-	mu     sync.Mutex
-	times  []time.Time
-	counts []string
+	mu       sync.Mutex
+	times    []time.Time
+	counts   []string
+	statuses []int // 0: no answer
 }
 
 var errRefused = errors.New("connection refused")
@@ -109,6 +110,13 @@ func (s *scriptTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	s.counts = append(s.counts, r.Header.Get(RetryCountHeader))
 	s.mu.Unlock()
 	resp := s.answer(n, time.Now())
+	status := 0
+	if resp != nil {
+		status = resp.StatusCode
+	}
+	s.mu.Lock()
+	s.statuses = append(s.statuses, status)
+	s.mu.Unlock()
 	if resp == nil {
 		return nil, errRefused
 	}
@@ -289,6 +297,16 @@ func TestRetries(t *testing.T) {
 				sm := samples[0]
 				if sm.Attempts != int(want.Attempts) || sm.Failed != (want.Failed == 1) || sm.OK != (want.OK == 1) {
 					t.Errorf("sample attempts %d failed %v ok %v", sm.Attempts, sm.Failed, sm.OK)
+				}
+				// Each attempt as the server saw it: sent at its time since
+				// the first, answered with its status.
+				if len(sm.Tries) != len(st.times) {
+					t.Errorf("sample tries %+v; want %d", sm.Tries, len(st.times))
+				}
+				for i, try := range sm.Tries[:min(len(sm.Tries), len(st.times))] {
+					if at := st.times[i].Sub(st.times[0]); try.At != at || try.Status != st.statuses[i] {
+						t.Errorf("try %d: %+v; want sent at %v, status %d", i, try, at, st.statuses[i])
+					}
 				}
 				ttft := tc.ttft
 				if ttft < 0 {

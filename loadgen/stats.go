@@ -266,6 +266,7 @@ type done struct {
 	attempts  int           // the request's attempts
 	anyQueued bool          // an attempt waited in a router's queue
 	waited    time.Duration // the attempts' waits in the queue
+	tries     []Try         // the request's attempts so far
 }
 
 // failed reports whether the request's last attempt got no 200 answer:

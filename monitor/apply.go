@@ -63,9 +63,10 @@ type state struct {
 	cordons    map[string]map[uint64]struct{} // by model, then worker id
 	seen       map[string]struct{}            // models seen in a report since start, bounded
 	timers     timers
-	dirty      []*model // models with dirty set, each once
-	satDirty   []*model // models with satQueued set, each once
-	deferred   []*model // scratch of flushRecords
+	rqTimers   modelQueueTimers // models by their routers' queues' next deadline (rq.go)
+	dirty      []*model         // models with dirty set, each once
+	satDirty   []*model         // models with satQueued set, each once
+	deferred   []*model         // scratch of flushRecords
 	sc         scratch
 
 	lastRejectLog time.Time
@@ -133,6 +134,10 @@ func decodeMessage(prefix string, parts int, dec *events.Decoder, subject string
 	case events.KindLat, events.KindLatr:
 		if msg.lat, err = dec.LatencyReport(data); err == nil {
 			err = msg.lat.Match(subj)
+		}
+	case events.KindRq:
+		if msg.rq, err = dec.RouterQueue(data); err == nil {
+			err = msg.rq.Match(subj)
 		}
 	}
 	msg.err = err
@@ -228,6 +233,12 @@ func (s *state) handle(msg *message, now time.Time) {
 			return
 		}
 		s.metrics.accepted.WithLabelValues("latency").Inc()
+	case events.KindRq:
+		if reason := s.applyRouterQueue(&msg.rq, now); reason != "" {
+			s.reject(reason, msg.subject, nil)
+			return
+		}
+		s.metrics.accepted.WithLabelValues("rq").Inc()
 	}
 }
 
@@ -396,7 +407,7 @@ func (s *state) addModel(name string) *model {
 	if len(s.seen) < maxSeenModels {
 		s.seen[name] = struct{}{}
 	}
-	m := &model{name: name, workers: make(map[uint64]*worker), reasons: make(map[string]string)}
+	m := &model{name: name, workers: make(map[uint64]*worker), reasons: make(map[string]string), rq: rqState{index: -1}}
 	m.thresholds = s.thresholdsOf(name)
 	s.models[name] = m
 	s.metrics.models.Set(float64(len(s.models)))
@@ -448,12 +459,17 @@ func (s *state) markDirty(m *model) {
 	}
 }
 
-// nextDeadline returns the time of the earliest freshness check.
+// nextDeadline returns the time of the earliest freshness check, or of
+// the earliest deadline of the routers' queues (rq.go).
 func (s *state) nextDeadline() (time.Time, bool) {
-	if len(s.timers) == 0 {
-		return time.Time{}, false
+	var next time.Time
+	if len(s.timers) > 0 {
+		next = s.timers[0].deadline
 	}
-	return s.timers[0].deadline, true
+	if len(s.rqTimers) > 0 && (next.IsZero() || s.rqTimers[0].rq.deadline.Before(next)) {
+		next = s.rqTimers[0].rq.deadline
+	}
+	return next, !next.IsZero()
 }
 
 // expire runs every freshness check that is due: states not heard for
@@ -464,6 +480,7 @@ func (s *state) expire(now time.Time) {
 		w := heap.Pop(&s.timers).(*worker)
 		s.check(w, now)
 	}
+	s.expireQueuesDue(now)
 }
 
 func (s *state) check(w *worker, now time.Time) {
@@ -677,6 +694,7 @@ func (s *state) flushAll() { s.flushRecords(true) }
 func (s *state) flushRecords(all bool) {
 	ps, _ := s.sink.(PendingSink)
 	deferred := s.deferred[:0]
+	now := time.Now()
 	for _, m := range s.dirty {
 		if len(m.workers) > 0 && !all && ps != nil && ps.Pending(m.name) {
 			deferred = append(deferred, m)
@@ -685,6 +703,7 @@ func (s *state) flushRecords(all bool) {
 		m.dirty, m.queued = false, false
 		if len(m.workers) == 0 {
 			delete(s.models, m.name)
+			s.dropQueues(m)
 			s.sink.Delete(m.name)
 			s.metrics.forgetModel(m.name)
 			continue
@@ -693,6 +712,7 @@ func (s *state) flushRecords(all bool) {
 			m.metrics = s.metrics.forModel(m.name)
 		}
 		rec := m.record()
+		m.queuesGiven(now)
 		if rec.AllBusy != m.allBusy {
 			m.allBusy = rec.AllBusy
 			m.metrics.allBusyChanges.Inc()

@@ -74,7 +74,10 @@ type Config struct {
 	MaxWorkersPerModel  int
 	MaxSourcesPerWorker int
 	MaxRanksPerWorker   int
-	QueueSize           int
+	// MaxRoutersPerModel bounds the routers whose queues (contract §22) a
+	// model keeps; a report of one more is refused (too_many_sources).
+	MaxRoutersPerModel int
+	QueueSize          int
 	// ReleaseMargin m in [0, 1) is the hysteresis of the busy rules
 	// (contract §12): a busy rank becomes free only when every check that
 	// made it busy is at or below (1 − m) × its threshold. 0: exactly §5.
@@ -111,6 +114,7 @@ func DefaultConfig() Config {
 		MaxWorkersPerModel:  DefaultMaxWorkersPerModel,
 		MaxSourcesPerWorker: DefaultMaxSourcesPerWorker,
 		MaxRanksPerWorker:   DefaultMaxRanksPerWorker,
+		MaxRoutersPerModel:  DefaultMaxRoutersPerModel,
 		QueueSize:           DefaultQueueSize,
 		ShedFraction:        DefaultShedFraction,
 		CriticalFraction:    DefaultCriticalFraction,
@@ -159,6 +163,7 @@ func (c Config) Validate() error {
 	}{
 		{"max-models", c.MaxModels}, {"max-workers-per-model", c.MaxWorkersPerModel},
 		{"max-sources-per-worker", c.MaxSourcesPerWorker}, {"max-ranks-per-worker", c.MaxRanksPerWorker},
+		{"max-routers-per-model", c.MaxRoutersPerModel},
 		{"queue-size", c.QueueSize},
 	} {
 		if l.v <= 0 {
@@ -179,6 +184,7 @@ type message struct {
 	report  events.LoadReport    // kind KindLoad or KindEst
 	bye     events.Goodbye       // kind KindBye or KindEstBye
 	lat     events.LatencyReport // kind KindLat or KindLatr
+	rq      events.RouterQueue   // kind KindRq
 	err     error                // parse, decode or check error: rejected
 	// unchecked: a load report whose subject has not been checked against
 	// it yet; the state checks it unless its rank was last heard on the

@@ -18,6 +18,7 @@ import (
 
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/syncbuf"
+	"github.com/workermon/workermon/resched"
 )
 
 // fakeSink remembers the last record of each model and every call.
@@ -786,12 +787,11 @@ func TestRescheduleSnapshot(t *testing.T) {
 		if len(snap.Models) != 1 || snap.Models[0].Name != testModel {
 			t.Fatalf("models %+v", snap.Models)
 		}
-		got := fmt.Sprintf("%+v", snap.Models[0].Workers)
-		want := "[{ID:1 Usage:0 HasUsage:false Fresh:false Free:false Cordoned:false} " +
-			"{ID:2 Usage:0.9 HasUsage:true Fresh:true Free:false Cordoned:false} " +
-			"{ID:3 Usage:0.5 HasUsage:true Fresh:true Free:false Cordoned:true}]"
-		if got != want {
-			t.Errorf("workers\n%s\nwant\n%s", got, want)
+		want := []resched.Worker{{ID: 1},
+			{ID: 2, Usage: 0.9, HasUsage: true, TotalBlocks: 100, Fresh: true},
+			{ID: 3, Usage: 0.5, HasUsage: true, TotalBlocks: 100, Fresh: true, Cordoned: true}}
+		if got := snap.Models[0].Workers; !slices.Equal(got, want) {
+			t.Errorf("workers\n%+v\nwant\n%+v", got, want)
 		}
 		// Fresh again: the mean over both ranks.
 		r = h.report(1, 0, 10, 100)
@@ -801,8 +801,39 @@ func TestRescheduleSnapshot(t *testing.T) {
 		r.DPRank, r.DPSize = 1, 2
 		h.send(r)
 		snap, _ = h.m.RescheduleSnapshot(context.Background())
-		if w := snap.Models[0].Workers[0]; !w.Fresh || !w.Free || !w.HasUsage || w.Usage < 0.1999 || w.Usage > 0.2001 {
-			t.Errorf("worker 1 = %+v, want fresh, free, usage 0.2", w)
+		if w := snap.Models[0].Workers[0]; !w.Fresh || !w.Free || !w.HasUsage || w.Usage < 0.1999 || w.Usage > 0.2001 || w.TotalBlocks != 200 {
+			t.Errorf("worker 1 = %+v, want fresh, free, usage 0.2, 200 blocks", w)
+		}
+	})
+}
+
+// TestRescheduleSnapshotCommitted: a worker whose ranks all send
+// kv_committed_blocks and request counts carries its committed usage (the
+// mean over ranks, contract §21) and its running and waiting requests, so
+// the planner balances on projected usage and sizes its pairs; a worker
+// without them carries neither.
+func TestRescheduleSnapshotCommitted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startHarness(t, nil)
+		for rank, committed := range []uint64{60, 100} {
+			r := h.report(1, uint32(rank), 10, 100)
+			r.DPRank, r.DPSize = uint32(rank), 2
+			r.KVCommittedBlocks = events.Some(committed)
+			r.RunningRequests, r.WaitingRequests = events.Some(uint64(3)), events.Some(uint64(2))
+			h.send(r)
+		}
+		h.send(h.report(2, 0, 40, 100))
+		synctest.Wait()
+		snap, err := h.m.RescheduleSnapshot(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws := snap.Models[0].Workers
+		if w := ws[0]; !w.HasCommitted || w.Committed < 0.7999 || w.Committed > 0.8001 || w.Requests != 10 {
+			t.Errorf("worker 1 = %+v, want committed usage 0.8 over 10 requests (running and waiting)", w)
+		}
+		if w := ws[1]; w.HasCommitted || w.Requests != 0 || !w.HasUsage {
+			t.Errorf("worker 2 = %+v, want usage only", w)
 		}
 	})
 }

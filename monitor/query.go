@@ -286,8 +286,10 @@ func (s *state) selected(name string) []*model {
 // RescheduleSnapshot is the view a rescheduling round plans on (contract
 // §12): every model's workers with their usage — the mean over their fresh
 // ranks of KV blocks in use over total blocks, each rank aggregated over
-// its fresh sources as the busy rules do — and whether they are fresh,
-// free and cordoned.
+// its fresh sources as the busy rules do — their KV blocks in total, and
+// whether they are fresh, free and cordoned. (Committed usage and request
+// counts, contract §21, are not in the monitor's state yet: the planner
+// then balances on usage and moves one request a pair.)
 func (m *Monitor) RescheduleSnapshot(ctx context.Context) (resched.Snapshot, error) {
 	var snap resched.Snapshot
 	err := m.do(ctx, func(s *state) {
@@ -303,16 +305,39 @@ func (m *Monitor) RescheduleSnapshot(ctx context.Context) (resched.Snapshot, err
 				rw := resched.Worker{ID: id, Fresh: !w.left && w.class != ClassStale && w.class != ClassNone,
 					Free: w.class == ClassFree, Cordoned: s.cordoned(name, id)}
 				aggregate(w, freshAfter, ranks)
-				var sum float64
+				// Usage over the ranks with a known cache; committed usage
+				// (contract §21) when every one of them has a committed
+				// value, and the requests each counts (running; running and
+				// waiting for committed), when every one has them.
+				var sum, committed float64
 				var n int
+				var running, queued uint64
+				allCommitted, allCounts := true, true
 				for _, agg := range ranks {
-					if a := agg.load(); a.KVTotalBlocks > 0 {
-						sum += float64(a.ActiveDecodeBlocks) / float64(a.KVTotalBlocks)
-						n++
+					a := agg.load()
+					if a.KVTotalBlocks == 0 {
+						continue
 					}
+					sum += float64(a.ActiveDecodeBlocks) / float64(a.KVTotalBlocks)
+					committed += float64(a.KVCommittedBlocks) / float64(a.KVTotalBlocks)
+					rw.TotalBlocks += a.KVTotalBlocks
+					n++
+					allCommitted = allCommitted && agg.committed
+					allCounts = allCounts && agg.running.Set && agg.waiting.Set
+					running += agg.running.Value
+					queued += agg.waiting.Value
 				}
 				if n > 0 {
 					rw.Usage, rw.HasUsage = sum/float64(n), true
+					if allCommitted {
+						rw.Committed, rw.HasCommitted = committed/float64(n), true
+					}
+					if allCounts {
+						rw.Requests = running
+						if rw.HasCommitted {
+							rw.Requests += queued
+						}
+					}
 				}
 				rm.Workers = append(rm.Workers, rw)
 			}

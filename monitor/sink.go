@@ -7,8 +7,9 @@ import "github.com/workermon/workermon/events"
 // per model and writes it on a goroutine of its own.
 //
 // Set receives the content of a record: Model, Busy, Free, Stale, AllBusy,
-// Amber, Hard, Reasons, Thresholds, Routers and Saturation (a change of
-// saturation alone reaches a SaturationSink instead, and no other Sink). The Sink fills in the writer's fields (v,
+// Amber, Hard, Reasons, Thresholds, Routers, Saturation (a change of
+// saturation alone reaches a SaturationSink instead, and no other Sink),
+// QueuedBy and Queued (the routers' queues, contract §22; nil when none). The Sink fills in the writer's fields (v,
 // updated_at, monitor_id, epoch, seq). The slices and map are the Sink's to
 // keep: the monitor never touches them again.
 type Sink interface {

@@ -180,10 +180,12 @@ type model struct {
 	// (contract §17).
 	routerHeard map[string]time.Time
 	routers     int
-	allBusy     bool // in the last record flushed
-	metrics     modelMetrics
-	dirty       bool // the record changed since the last flush
-	queued      bool // in state.dirty
+	// rq are the routers' queues of the model (contract §22, rq.go).
+	rq      rqState
+	allBusy bool // in the last record flushed
+	metrics modelMetrics
+	dirty   bool // the record changed since the last flush
+	queued  bool // in state.dirty
 	// satSum and satN are the sum, in satUnits, and number of the
 	// saturations of the workers counted in the model's mean (contract
 	// §21); satQueued: the mean changed since the last flush (in
@@ -309,6 +311,7 @@ func remove(l *[]uint64, id uint64) {
 // freshly allocated: the Sink keeps it.
 func (m *model) record() events.BusySet {
 	m.satGiven = events.RoundSaturation(m.saturation())
+	queuedBy, queued := m.queuedRecord()
 	return events.BusySet{
 		Model:      m.name,
 		Busy:       slices.Clone(m.busy),
@@ -321,6 +324,8 @@ func (m *model) record() events.BusySet {
 		Thresholds: m.thresholds,
 		Routers:    uint64(m.routers),
 		Saturation: m.satGiven,
+		QueuedBy:   queuedBy,
+		Queued:     queued,
 	}
 }
 
@@ -338,12 +343,13 @@ func (s *state) heardRouter(m *model, name string, now time.Time) {
 }
 
 // recountRouters forgets the router sources of m not heard within
-// stale-after and marks m's record dirty when their number changed. It
-// costs one step per router, not per worker.
+// stale-after and marks m's record dirty when their number changed: the
+// routers with a fresh estimate, and those with a queue report kept
+// (contract §22). It costs one step per router, not per worker.
 func (s *state) recountRouters(m *model, now time.Time) {
 	staleBefore := now.Add(-s.cfg.StaleAfter)
 	maps.DeleteFunc(m.routerHeard, func(_ string, t time.Time) bool { return !t.After(staleBefore) })
-	if n := len(m.routerHeard); n != m.routers {
+	if n := len(m.routerHeard) + m.queuedRouters(); n != m.routers {
 		m.routers = n
 		m.dirty = true
 		s.markDirty(m)

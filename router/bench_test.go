@@ -96,10 +96,10 @@ func hotPathFixture(tb testing.TB) (hot, decide func() bool, _ *modelQueue) {
 				return false
 			}
 			d := p.DecideClassRecord(&rec, &cl, admission.ClassStandard, false)
-			return d.Admit && !q.waits("m", d, qh)
+			return d.Admit && !q.waits(req, "m", d, qh)
 		}, func() bool {
 			d := p.DecideClassRecord(&rec, &cl, admission.ClassStandard, false)
-			return d.Admit && !q.waits("m", d, qh0)
+			return d.Admit && !q.waits(req, "m", d, qh0)
 		}, mq
 }
 

@@ -49,7 +49,7 @@ type envOptions struct {
 	registry []registry.Option
 }
 
-func newTestEnv(t *testing.T, o envOptions) *testEnv {
+func newTestEnv(t testing.TB, o envOptions) *testEnv {
 	t.Helper()
 	natsOpts := natstest.Options(t)
 	srv := natstest.Start(t, natsOpts)
@@ -103,7 +103,7 @@ func newTestEnv(t *testing.T, o envOptions) *testEnv {
 
 // putRecord writes a fresh (or dated) busy-set record and waits until the
 // router has it.
-func (e *testEnv) putRecord(t *testing.T, model string, free, busy []uint64, updated time.Time) {
+func (e *testEnv) putRecord(t testing.TB, model string, free, busy []uint64, updated time.Time) {
 	t.Helper()
 	e.putSet(t, events.BusySet{Model: model, Free: free, Busy: busy, AllBusy: len(free) == 0 && len(busy) > 0,
 		UpdatedAt: updated.UnixNano()})
@@ -111,7 +111,7 @@ func (e *testEnv) putRecord(t *testing.T, model string, free, busy []uint64, upd
 
 // putSet writes set as the test monitor's next record (it sets MonitorID,
 // Epoch and Seq) and waits until the router has it.
-func (e *testEnv) putSet(t *testing.T, set events.BusySet) {
+func (e *testEnv) putSet(t testing.TB, set events.BusySet) {
 	t.Helper()
 	seq := e.seq.Add(1)
 	set.MonitorID, set.Epoch, set.Seq = "test", 1, seq
@@ -129,7 +129,7 @@ func (e *testEnv) putSet(t *testing.T, set events.BusySet) {
 }
 
 // putWorker registers a worker and waits until the router has it.
-func (e *testEnv) putWorker(t *testing.T, model string, id uint64, endpoint string) {
+func (e *testEnv) putWorker(t testing.TB, model string, id uint64, endpoint string) {
 	t.Helper()
 	data, err := json.Marshal(events.WorkerEntry{Model: model, WorkerID: id, Endpoint: endpoint, DPSize: 1,
 		BootID: 7, RegisteredAt: time.Now().UnixNano()})

@@ -125,7 +125,7 @@ func (ex *exchange) serve() {
 		d = rt.unroutable(model, d, registered)
 	}
 	ex.decision, ex.registered = d, registered
-	if rt.queue.waits(model, d, qh) {
+	if rt.queue.waits(ex.r, model, d, qh) {
 		var ok bool
 		if cands, ok = ex.queued(d, cands, qh, int64(len(body))); !ok {
 			return

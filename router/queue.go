@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/workermon/workermon/admission"
+	"github.com/workermon/workermon/busylist"
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/flow"
 	"github.com/workermon/workermon/internal/promreg"
@@ -25,9 +26,13 @@ import (
 // This file holds flow control (contract §17): a request whose class has no
 // candidate waits in its model's queue instead of being rejected at once,
 // and is sent when a worker frees, each router handing a freed worker at
-// most one queued request per pace × the number of routers. The queue's
-// order, tenants, limits and pacing are package flow's; this file wires
-// them to the requests, the record and the clock.
+// most one queued request per pace × the number of routers. Routers that
+// queue as one (contract §22) also queue a newcomer while another router's
+// queue holds a request of its priority or higher, and share the turns at a
+// freed worker in proportion to what each holds (the record's queued_by);
+// rq.go publishes this router's queues. The queue's order, tenants, limits
+// and pacing are package flow's; this file wires them to the requests, the
+// record and the clock.
 //
 // A model's queue is guarded by its mutex and served by one goroutine that
 // runs while the queue holds requests; close stops these goroutines and
@@ -226,7 +231,10 @@ type queueDeps struct {
 	decide     func(model string, c admission.Class) admission.Decision
 	registered func(model string) []events.WorkerEntry
 	routers    func(model string) uint64
-	pick       func(cands []events.WorkerEntry) (events.WorkerEntry, bool)
+	// others is what the other routers hold queued for model, by the
+	// record, with their count at priority p (contract §22).
+	others func(model string, p int64) busylist.QueuedOthers
+	pick   func(cands []events.WorkerEntry) (events.WorkerEntry, bool)
 }
 
 // queueLimits are the settings of flow control (Config's Queue* fields).
@@ -250,10 +258,17 @@ type queues struct {
 	closed      atomic.Bool   // set under mu; read under a modelQueue's mu by join
 	stop        chan struct{} // closed by close: the dispatchers end
 	dispatchers sync.WaitGroup
+	// changed wakes the publisher of the queues (rq.go) after a change of
+	// any model's queue; a send that would block is dropped.
+	changed chan struct{}
 }
 
 func newQueues(l queueLimits, deps queueDeps, m *queueMetrics) *queues {
-	q := &queues{queueLimits: l, deps: deps, metrics: m, budget: flow.NewBudget(l.maxBytes), stop: make(chan struct{})}
+	if deps.others == nil {
+		deps.others = func(string, int64) busylist.QueuedOthers { return busylist.QueuedOthers{} }
+	}
+	q := &queues{queueLimits: l, deps: deps, metrics: m, budget: flow.NewBudget(l.maxBytes), stop: make(chan struct{}),
+		changed: make(chan struct{}, 1)}
 	q.byModel.Store(&map[string]*modelQueue{})
 	return q
 }
@@ -315,6 +330,8 @@ type modelQueue struct {
 	gauges [admission.NumClasses]prometheus.Gauge
 	// depth is the number of queued requests, read without the lock.
 	depth atomic.Int64
+	// gen counts the changes of the queue, for its publisher (rq.go).
+	gen atomic.Uint64
 
 	mu      sync.Mutex
 	fq      *flow.Queue[ticket]
@@ -349,6 +366,7 @@ func (mq *modelQueue) join(a flow.Arrival, c admission.Class, now time.Time) (*w
 	mq.gauges[c].Inc()
 	mq.q.metrics.bytes.Add(float64(w.Bytes()))
 	mq.depth.Store(int64(mq.fq.Len()))
+	mq.changedLocked()
 	if !mq.running {
 		mq.running = true
 		mq.q.dispatchers.Add(1)
@@ -363,6 +381,17 @@ func (mq *modelQueue) leftLocked(w *waiter) {
 	mq.gauges[w.Value.class].Dec()
 	mq.q.metrics.bytes.Sub(float64(w.Bytes()))
 	mq.depth.Store(int64(mq.fq.Len()))
+	mq.changedLocked()
+}
+
+// changedLocked counts a change of the queue and wakes its publisher
+// (rq.go) without blocking.
+func (mq *modelQueue) changedLocked() {
+	mq.gen.Add(1)
+	select {
+	case mq.q.changed <- struct{}{}:
+	default:
+	}
 }
 
 // remove takes w out of the queue, when it is still in it.
@@ -417,9 +446,12 @@ func (mq *modelQueue) run() {
 // every request when the record cannot be trusted or is gone.
 func (mq *modelQueue) dispatchLocked(now time.Time) {
 	deps := &mq.q.deps
-	// Routers that queue as one (contract §22) will give the share of the
-	// head's priority that each router holds.
-	interval := mq.pacer.Interval(flow.Share{Routers: deps.routers(mq.model)})
+	// Routers that queue as one (contract §22): the turns at a freed
+	// worker go by the share of the head's priority this router holds.
+	head := mq.fq.Head().Priority()
+	others := deps.others(mq.model, head)
+	interval := mq.pacer.Interval(flow.Share{Routers: deps.routers(mq.model), Own: mq.fq.CountAt(head),
+		Others: int(min(others.AtP, math.MaxInt32)), Known: others.Known})
 	mq.pacer.Expire(now, interval)
 	for mq.fq.Len() > 0 {
 		w := mq.fq.Head()
@@ -470,6 +502,11 @@ type QueueSnapshot struct {
 	Classes map[string]ClassQueue `json:"classes"`
 	// OldestMs is how long the oldest queued request has waited.
 	OldestMs int64 `json:"oldest_ms"`
+	// Others are the requests the other routers hold queued for the
+	// model, by router source and then priority (in decimal), as a fresh
+	// record states them (contract §22), and OthersDepth their number.
+	Others      map[string]map[string]uint64 `json:"others"`
+	OthersDepth uint64                       `json:"others_depth"`
 }
 
 // ClassQueue is one class of a model's queue.
@@ -489,7 +526,8 @@ func (q *queues) snapshot(now time.Time) []QueueSnapshot {
 			mq.mu.Unlock()
 			continue
 		}
-		s := QueueSnapshot{Model: model, Depth: mq.fq.Len(), Bytes: mq.fq.Bytes(), Classes: map[string]ClassQueue{}}
+		s := QueueSnapshot{Model: model, Depth: mq.fq.Len(), Bytes: mq.fq.Bytes(), Classes: map[string]ClassQueue{},
+			Others: map[string]map[string]uint64{}}
 		var oldest time.Time
 		for w := range mq.fq.All() {
 			class := w.Value.class.String()
@@ -516,21 +554,22 @@ func (q *queues) snapshot(now time.Time) []QueueSnapshot {
 // request may wait and its class has no candidate on a fresh record, or it
 // is admitted and its model's queue holds requests (which an admitted
 // request that may not wait must not overtake either: the queue answers
-// it). Any other rejection (a stale record's, with fail-open off) is
-// answered at once. nil-safe. With the queue empty it takes no lock and
-// allocates nothing.
-//
-// Routers that queue as one (contract §22) will also send an admitted
-// request to the queue when another router holds one (flow.Direct).
-func (q *queues) waits(model string, d admission.Decision, qh queueHeaders) bool {
+// it), or another router's queue holds one of its priority or higher by
+// the record (contract §22, flow.Direct). Any other rejection (a stale
+// record's, with fail-open off) is answered at once. nil-safe. With no
+// queue holding anything it takes no lock and allocates nothing.
+func (q *queues) waits(r *http.Request, model string, d admission.Decision, qh queueHeaders) bool {
 	if q == nil {
 		return false
 	}
 	if !d.Admit {
 		return qh.maxWait != 0 && queueable(d)
 	}
-	mq := q.lookup(model)
-	return mq != nil && mq.depth.Load() > 0
+	if mq := q.lookup(model); mq != nil && mq.depth.Load() > 0 {
+		return true
+	}
+	o := q.deps.others(model, 0)
+	return o.N > 0 && !flow.Direct(priorityOf(r), flow.Held{}, flow.Held{N: 1, Top: o.Top})
 }
 
 // queueable reports whether a rejection may wait in the queue: the record
@@ -562,8 +601,13 @@ func (ex *exchange) queued(d admission.Decision, cands []events.WorkerEntry, qh 
 	}
 	mq := q.forModel(ex.model)
 	start := time.Now()
-	w, err := mq.join(flow.Arrival{Priority: priorityOf(ex.r), Tenant: qh.tenant, Bytes: size,
-		Admitted: d.Admit, MayWait: qh.maxWait != 0}, ex.class, start)
+	p := priorityOf(ex.r)
+	var others flow.Held
+	if o := q.deps.others(ex.model, p); o.N > 0 {
+		others = flow.Held{N: int(min(o.N, math.MaxInt32)), Top: o.Top}
+	}
+	w, err := mq.join(flow.Arrival{Priority: p, Tenant: qh.tenant, Bytes: size,
+		Admitted: d.Admit, MayWait: qh.maxWait != 0, Others: others}, ex.class, start)
 	switch {
 	case errors.Is(err, flow.ErrAhead):
 		rt.admission.Observe(ex.model, d)
@@ -690,7 +734,7 @@ func (rt *Router) serveQueues(w http.ResponseWriter, _ *http.Request) {
 		a.Enabled, a.MaxWaitMs, a.MaxRequests = true, q.maxWait.Milliseconds(), q.maxRequests
 		a.MaxBytes, a.Bytes = q.maxBytes, q.budget.Used()
 		a.PaceMs = float64(q.pace) / float64(time.Millisecond)
-		a.Models = q.snapshot(time.Now())
+		a.Models = rt.withOthers(q.snapshot(time.Now()))
 	}
 	body, err := json.Marshal(a)
 	if err != nil {

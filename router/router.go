@@ -344,6 +344,12 @@ func New(cfg Config) (*Router, error) {
 		if rc, ok := cfg.BusyList.(interface{ Routers(model string) uint64 }); ok {
 			deps.routers = rc.Routers
 		}
+		// Routers that queue as one (contract §22): the record's other
+		// routers' queues, less this router's own entry.
+		if qv, ok := cfg.BusyList.(queuedView); ok {
+			own := rt.source()
+			deps.others = func(model string, p int64) busylist.QueuedOthers { return qv.QueuedByOthers(model, own, p) }
+		}
 		rt.queue = newQueues(queueLimits{maxWait: cfg.QueueMaxWait, maxRequests: cfg.QueueMaxRequests,
 			maxBytes: cfg.QueueMaxBytes, pace: cfg.QueuePace}, deps, qm)
 	}

@@ -210,7 +210,29 @@ type Controller struct {
 	// mode but whose thresholds the monitor could not be given back then
 	// (SetSLO's ctx ended, the monitor busy): Adopt and Round retry.
 	unreleased map[string]bool
+
+	// observed is the best latency each model's fleet has shown, from
+	// every model's windows, with or without an SLO (under obsMu, apart
+	// from mu: a round holds mu through its bucket writes, and the API
+	// reads observed).
+	obsMu    sync.Mutex
+	observed map[string]*observedModel
 }
+
+// observedModel is a model's slo.Observed and when its last window came.
+type observedModel struct {
+	slo.Observed
+	heard time.Time
+}
+
+const (
+	// maxObserved bounds the models whose observed latency is kept; a
+	// model beyond waits until one is forgotten.
+	maxObserved = 4096
+	// observedForget is how long the observed latency of a model whose
+	// windows stopped is kept.
+	observedForget = 24 * time.Hour
+)
 
 // New checks cfg and returns a Controller with its metrics registered.
 func New(cfg Config) (*Controller, error) {
@@ -221,7 +243,8 @@ func New(cfg Config) (*Controller, error) {
 		cfg.Now = time.Now
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger, lock: make(chan struct{}, 1), slos: map[string]slot{},
-		held: map[string]*held{}, applied: map[string]bool{}, unreleased: map[string]bool{}}
+		held: map[string]*held{}, applied: map[string]bool{}, unreleased: map[string]bool{},
+		observed: map[string]*observedModel{}}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
@@ -376,6 +399,9 @@ func (c *Controller) round(ctx context.Context) bool {
 	c.rounds.Lock()
 	defer c.rounds.Unlock()
 	windows, err := c.cfg.Monitor.DrainLatency(ctx)
+	if err == nil {
+		c.observe(windows)
+	}
 	if err != nil {
 		c.errs.Fail(fmt.Errorf("read the latency windows: %w", err))
 		return true
@@ -403,6 +429,45 @@ func (c *Controller) round(ctx context.Context) bool {
 	}
 	c.errs.OK()
 	return true
+}
+
+// observe adds a round's windows to the models' observed latency, and
+// forgets the models not heard for observedForget.
+func (c *Controller) observe(windows map[string]*slo.Window) {
+	now := c.cfg.Now()
+	c.obsMu.Lock()
+	defer c.obsMu.Unlock()
+	for model, w := range windows {
+		o := c.observed[model]
+		if o == nil {
+			if len(c.observed) >= maxObserved {
+				continue
+			}
+			o = &observedModel{}
+			c.observed[model] = o
+		}
+		o.Add(w)
+		o.heard = now
+	}
+	for model, o := range c.observed {
+		if now.Sub(o.heard) > observedForget {
+			delete(c.observed, model)
+		}
+	}
+}
+
+// Observed returns the best latency model's fleet has shown in the
+// windows of the rounds so far, with an SLO or without (slo.Observed), and
+// whether a window of it came. The windows are those of the models whose
+// partition this monitor holds (their latency subjects are mapped like
+// their load); a model not heard for a day is forgotten.
+func (c *Controller) Observed(model string) (slo.Observed, bool) {
+	c.obsMu.Lock()
+	defer c.obsMu.Unlock()
+	if o := c.observed[model]; o != nil {
+		return o.Observed, true
+	}
+	return slo.Observed{}, false
 }
 
 // step moves one model's thresholds: the bucket calls without the lock,

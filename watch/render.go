@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,6 +43,12 @@ func (l *lineWriter) write(changes []Change) error {
 // A model name with a space, a quote, '=' or a character that is not
 // printable is quoted. The saturation (contract §21) is the record's as of
 // that change: a change of it alone is not a change of content.
+//
+// When the watch reads the monitor's loads (c.Loads), the line goes on
+// with the leading values of every busy and free worker as of the last
+// reading, Unknown ("–") where the monitor has none:
+//
+//	… saturation=0.74 queue_delay=[11:399ms 12:–] prefill_rate=[11:6013tok/s 12:–] preemption_rate=[11:0.00/s 12:–]
 func FormatLine(c Change) string {
 	var b strings.Builder
 	b.WriteString(c.At.Format(lineTime))
@@ -76,7 +83,31 @@ func FormatLine(c Change) string {
 	}
 	b.WriteString("] thresholds=[" + thresholdsText(r.Thresholds, " ") + "]")
 	b.WriteString(" saturation=" + strconv.FormatFloat(r.Saturation, 'f', 2, 64))
+	if c.Loads != nil {
+		ids := slices.Sorted(slices.Values(slices.Concat(r.Busy, r.Free)))
+		for _, col := range leadingColumns {
+			b.WriteString(" " + col.name + "=[")
+			for i, id := range ids {
+				if i > 0 {
+					b.WriteByte(' ')
+				}
+				b.WriteString(strconv.FormatUint(id, 10) + ":" + col.format(c.Loads.worker(c.Model, id)))
+			}
+			b.WriteByte(']')
+		}
+	}
 	return b.String()
+}
+
+// leadingColumns are the leading values a worker is shown with: their
+// names on a line, their heads on the screen, and how each is rendered.
+var leadingColumns = []struct {
+	name, head string
+	format     func(Leading) string
+}{
+	{"queue_delay", "delay", func(l Leading) string { return FormatDelay(l.QueueDelayMs) }},
+	{"prefill_rate", "prefill", func(l Leading) string { return FormatPrefillRate(l.PrefillRate) }},
+	{"preemption_rate", "preempt", func(l Leading) string { return FormatPreemptionRate(l.PreemptionRate) }},
 }
 
 // QuoteModel renders a model name — or any other text of a record, a
@@ -145,18 +176,23 @@ const (
 )
 
 // runScreen redraws the screen on every change (at most every Redraw) and
-// every second (the ages), until ctx ends.
-func runScreen(ctx context.Context, cfg Config, s *sink) error {
+// every second (the ages), until ctx ends. loads is nil when the watch does
+// not read the monitor's loads.
+func runScreen(ctx context.Context, cfg Config, s *sink, loads *poller) error {
 	if _, err := io.WriteString(cfg.Out, escAltOn); err != nil {
 		return fmt.Errorf("watch: write: %w", err)
 	}
 	defer func() { _, _ = io.WriteString(cfg.Out, escAltOff) }()
 	sc := &screen{cfg: cfg}
-	tick := time.NewTicker(time.Second)
+	tick := time.NewTicker(refresh)
 	defer tick.Stop()
 	var last time.Time
 	for {
-		if err := sc.draw(s.records(), cfg.Now()); err != nil {
+		var l *Loads
+		if loads != nil {
+			l = loads.cur.Load()
+		}
+		if err := sc.draw(s.records(), l, cfg.Now()); err != nil {
 			return err
 		}
 		last = time.Now()
@@ -187,14 +223,14 @@ type screen struct {
 }
 
 // draw renders recs as of now and writes the whole screen in one write.
-func (sc *screen) draw(recs []*Record, now time.Time) error {
+func (sc *screen) draw(recs []*Record, loads *Loads, now time.Time) error {
 	cols, rows := DefaultWidth, DefaultHeight
 	if sc.cfg.Size != nil {
 		if c, r := sc.cfg.Size(); c > 0 && r > 0 {
 			cols, rows = c, r
 		}
 	}
-	lines := sc.render(recs, now, cols)
+	lines := sc.render(recs, loads, now, cols)
 	if len(lines) > rows {
 		more := len(lines) - rows + 1
 		lines = append(lines[:rows-1], sc.paint(escDim, fmt.Sprintf("… %d more lines: enlarge the terminal or pick one model with --model", more)))
@@ -221,13 +257,15 @@ func (sc *screen) paint(esc, s string) string {
 }
 
 // Render returns the Screen view of recs at now, cols wide, without
-// escapes other than colours (when cfg.Color).
-func Render(cfg Config, recs []*Record, now time.Time, cols int) []string {
+// escapes other than colours (when cfg.Color). loads is the last reading
+// of the monitor's loads, nil when the watch does not read them: then the
+// workers are listed by state, else one line each with its leading values.
+func Render(cfg Config, recs []*Record, loads *Loads, now time.Time, cols int) []string {
 	sc := &screen{cfg: cfg}
-	return sc.render(recs, now, cols)
+	return sc.render(recs, loads, now, cols)
 }
 
-func (sc *screen) render(recs []*Record, now time.Time, cols int) []string {
+func (sc *screen) render(recs []*Record, loads *Loads, now time.Time, cols int) []string {
 	sc.lines = sc.lines[:0]
 	head := "workermon watch  " + now.Format("15:04:05") + "  " + events.BusyBucket
 	if sc.cfg.Header != "" {
@@ -235,6 +273,7 @@ func (sc *screen) render(recs []*Record, now time.Time, cols int) []string {
 	}
 	head += "  (Ctrl-C quits)"
 	sc.lines = append(sc.lines, sc.paint(escBold, clip(head, cols)))
+	sc.status(loads, now, cols)
 	switch {
 	case recs == nil:
 		sc.lines = append(sc.lines, "", "loading the bucket…")
@@ -247,14 +286,46 @@ func (sc *screen) render(recs []*Record, now time.Time, cols int) []string {
 		return sc.lines
 	}
 	for _, r := range recs {
-		sc.model(r, now, cols)
+		sc.model(r, loads, now, cols)
 	}
 	return sc.lines
 }
 
-// model renders one model: a header line, its thresholds and one wrapped
-// block per list.
-func (sc *screen) model(r *Record, now time.Time, cols int) {
+// statusLines bounds the lines of the status of the loads' readings: an
+// error of the HTTP client is long.
+const statusLines = 3
+
+// status renders, under the header, how the leading values are read: the
+// hint that says how to get them when they are not, the monitor and the
+// age of the last reading, or why the readings fail (since when).
+func (sc *screen) status(loads *Loads, now time.Time, cols int) {
+	var text, esc string
+	switch {
+	case loads == nil && sc.cfg.Hint == "":
+		return
+	case loads == nil:
+		text, esc = sc.cfg.Hint, escDim
+	case loads.Err != "":
+		text, esc = "leading values from "+loads.From+": failing since "+loads.FailingSince.Format("15:04:05"), escYellow
+		if loads.Workers != nil {
+			text += " (showing those read " + now.Sub(loads.At).Round(100*time.Millisecond).String() + " ago)"
+		} else {
+			text += " (shown as " + Unknown + ")"
+		}
+		text += ": " + loads.Err
+	case loads.At.IsZero():
+		text, esc = "leading values: reading "+loads.From+"…", escDim
+	default:
+		text, esc = "leading values from "+loads.From+", read "+now.Sub(loads.At).Round(100*time.Millisecond).String()+" ago", escDim
+	}
+	for _, l := range wrap(text, cols, statusLines) {
+		sc.lines = append(sc.lines, sc.paint(esc, l))
+	}
+}
+
+// model renders one model: a header line, its thresholds and either one
+// wrapped block per list or, with the monitor's loads, one line per worker.
+func (sc *screen) model(r *Record, loads *Loads, now time.Time, cols int) {
 	b := &r.BusySet
 	age := now.Sub(r.Received)
 	if u := time.Unix(0, b.UpdatedAt); b.UpdatedAt > 0 && now.Sub(u) > age {
@@ -281,6 +352,10 @@ func (sc *screen) model(r *Record, now time.Time, cols int) {
 	amber := map[uint64]bool{}
 	for _, id := range b.Amber {
 		amber[id] = true
+	}
+	if loads != nil {
+		sc.workers(b, loads, hard, amber, cols)
+		return
 	}
 	sc.list("busy", b.Busy, cols, func(id uint64) (string, string) {
 		reason := reasonOf(b, id)
@@ -329,6 +404,121 @@ func (sc *screen) list(label string, ids []uint64, cols int, item func(uint64) (
 		width += len(text)
 	}
 	sc.lines = append(sc.lines, line.String())
+}
+
+// maxStateWidth bounds the state column of the workers' table: a busy
+// worker's reasons may be long (kv+prefill+kv_committed+queue_delay).
+const maxStateWidth = 24
+
+// workers renders one line per worker of b, busy ones first, then free,
+// then stale: its id, its state and its leading values, in columns; each
+// line cut at cols.
+func (sc *screen) workers(b *events.BusySet, loads *Loads, hard, amber map[uint64]bool, cols int) {
+	type row struct {
+		cells []string
+		esc   string // the state's colour
+	}
+	head := row{cells: []string{"worker", "state"}, esc: escDim}
+	for _, c := range leadingColumns {
+		head.cells = append(head.cells, c.head)
+	}
+	rows := []row{head}
+	add := func(id uint64, state, esc string) {
+		l := loads.worker(b.Model, id)
+		cells := []string{strconv.FormatUint(id, 10), clip(state, maxStateWidth)}
+		for _, c := range leadingColumns {
+			cells = append(cells, c.format(l))
+		}
+		rows = append(rows, row{cells: cells, esc: esc})
+	}
+	for _, id := range b.Busy {
+		reason := reasonOf(b, id)
+		switch {
+		case reason == events.ReasonCordoned:
+			add(id, "cordoned", escMagenta)
+		case hard[id]:
+			add(id, "busy:"+reason+"!", escHard)
+		default:
+			add(id, "busy:"+reason, escRed)
+		}
+	}
+	for _, id := range b.Free {
+		if amber[id] {
+			add(id, "free~", escYellow)
+		} else {
+			add(id, "free", escGreen)
+		}
+	}
+	for _, id := range b.Stale {
+		add(id, "stale", escDim)
+	}
+	if len(rows) == 1 {
+		sc.lines = append(sc.lines, "  no worker")
+		return
+	}
+	widths := make([]int, len(head.cells))
+	for _, r := range rows {
+		for i, c := range r.cells {
+			widths[i] = max(widths[i], utf8.RuneCountInString(c))
+		}
+	}
+	for i, r := range rows {
+		// The head is dim whole; a worker's state only is coloured.
+		var line strings.Builder
+		room := cols
+		for j, c := range r.cells {
+			if room <= 0 {
+				break
+			}
+			if j < len(r.cells)-1 {
+				c += strings.Repeat(" ", widths[j]-utf8.RuneCountInString(c))
+			}
+			c = "  " + c
+			if n := utf8.RuneCountInString(c); n > room {
+				c = clip(c, room)
+			}
+			room -= utf8.RuneCountInString(c)
+			if text, ok := strings.CutPrefix(c, "  "); ok && i > 0 && j == 1 {
+				trimmed := strings.TrimRight(text, " ")
+				c = "  " + sc.paint(r.esc, trimmed) + text[len(trimmed):]
+			}
+			line.WriteString(c)
+		}
+		l := strings.TrimRight(line.String(), " ")
+		if i == 0 {
+			l = sc.paint(escDim, l)
+		}
+		sc.lines = append(sc.lines, l)
+	}
+}
+
+// wrap cuts s into lines of at most cols runes, at most n of them, after
+// a space where there is one, the last line ending in "…" when s goes on.
+func wrap(s string, cols, n int) []string {
+	cols = max(cols, 1)
+	var out []string
+	r := []rune(s)
+	for len(r) > 0 && len(out) < n {
+		if len(r) <= cols {
+			return append(out, string(r))
+		}
+		if len(out) == n-1 {
+			return append(out, clip(string(r), cols))
+		}
+		cut := cols
+		for i := cols; i > 0; i-- {
+			if r[i] == ' ' {
+				cut = i
+				break
+			}
+		}
+		out = append(out, strings.TrimRight(string(r[:cut]), " "))
+		r = r[cut:]
+		for len(r) > 0 && r[0] == ' ' {
+			r = r[1:]
+		}
+	}
+	return out
 }
 
 // clip cuts s to n runes.

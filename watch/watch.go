@@ -7,6 +7,11 @@
 // logs and pipes; Screen redraws every model and its workers in place, with
 // colours, for a terminal.
 //
+// With Config.Loads set (`--monitor-url`) the watch also reads the
+// monitor's GET /loads every LoadsEvery and shows each worker's leading
+// values of contract §21: the predicted queue delay, the prefill rate and
+// the preemption rate; the bucket alone does not carry them.
+//
 // The watch is internal/kvwatch's loop (reconnects, stalls, a recreated
 // bucket), with a sink that decodes each record and diffs what it publishes
 // against what it had.
@@ -27,6 +32,7 @@ import (
 
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/kvwatch"
+	"github.com/workermon/workermon/monitor"
 )
 
 // Mode is how the watch renders.
@@ -52,9 +58,16 @@ const (
 	// none.
 	DefaultWidth  = 100
 	DefaultHeight = 40
+	// DefaultLoadsEvery is the time between two readings of the monitor's
+	// loads: the screen's refresh, which redraws the ages every second.
+	DefaultLoadsEvery = refresh
+	// DefaultLoadsTimeout bounds one reading of the monitor's loads.
+	DefaultLoadsTimeout = 2 * time.Second
 )
 
 const (
+	// refresh is how often the screen is redrawn when nothing changes.
+	refresh = time.Second
 	// opTimeout bounds every request of the watch to the server.
 	opTimeout = 5 * time.Second
 	// probeEvery is how often the watch checks its bucket for a stall.
@@ -91,6 +104,21 @@ type Config struct {
 	// Header names what is watched in the screen's first line (e.g. the
 	// NATS URL).
 	Header string
+	// Loads, when set, reads the monitor's GET /loads for model (every
+	// model when empty), as api.Client.Loads does: the workers' leading
+	// values (contract §21) are then shown on the screen and on every line.
+	// nil: the bucket alone.
+	Loads func(ctx context.Context, model string) ([]monitor.LoadRow, error)
+	// LoadsFrom names where Loads reads (credentials redacted), for the
+	// screen's status line and the logs.
+	LoadsFrom string
+	// LoadsEvery is the time between two readings of Loads. > 0.
+	LoadsEvery time.Duration
+	// LoadsTimeout bounds one reading of Loads. > 0.
+	LoadsTimeout time.Duration
+	// Hint, shown under the screen's header when Loads is nil, says how to
+	// get the leading values (the flag that sets Loads).
+	Hint string
 	// Logger receives the watch loop's errors; nil discards.
 	Logger *slog.Logger
 	// Now is the clock of the lines' times and of the records' ages; nil
@@ -101,7 +129,8 @@ type Config struct {
 // DefaultConfig returns a Config with every default set; the caller sets
 // JetStream and Out.
 func DefaultConfig() Config {
-	return Config{Redraw: DefaultRedraw, StaleAfter: DefaultStaleAfter}
+	return Config{Redraw: DefaultRedraw, StaleAfter: DefaultStaleAfter, LoadsEvery: DefaultLoadsEvery,
+		LoadsTimeout: DefaultLoadsTimeout}
 }
 
 // Validate reports every problem of the configuration at once.
@@ -127,6 +156,12 @@ func (c Config) Validate() error {
 	if c.StaleAfter <= 0 {
 		errs = append(errs, fmt.Errorf("stale-after %v must be positive", c.StaleAfter))
 	}
+	if c.LoadsEvery <= 0 {
+		errs = append(errs, fmt.Errorf("loads interval %v must be positive", c.LoadsEvery))
+	}
+	if c.LoadsTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("loads timeout %v must be positive", c.LoadsTimeout))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("watch: %w: %w", ErrInvalidConfig, err)
 	}
@@ -150,9 +185,19 @@ func Run(ctx context.Context, cfg Config) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	s := &sink{model: cfg.Model, changed: make(chan struct{}, 1)}
+	var loads *poller
+	if cfg.Loads != nil {
+		loads = newPoller(cfg, log, s.changed)
+	}
 	if cfg.Mode == Lines {
 		lw := &lineWriter{w: cfg.Out}
 		s.onChange = func(changes []Change) {
+			if loads != nil {
+				l := loads.cur.Load()
+				for i := range changes {
+					changes[i].Loads = l
+				}
+			}
 			if err := lw.write(changes); err != nil {
 				cancel(fmt.Errorf("watch: write: %w", err))
 			}
@@ -167,12 +212,22 @@ func Run(ctx context.Context, cfg Config) error {
 		defer close(done)
 		loop.Run(ctx)
 	}()
+	loadsDone := make(chan struct{})
+	if loads != nil {
+		go func() {
+			defer close(loadsDone)
+			loads.run(ctx)
+		}()
+	} else {
+		close(loadsDone)
+	}
 	var err error
 	if cfg.Mode == Screen {
-		err = runScreen(ctx, cfg, s)
+		err = runScreen(ctx, cfg, s, loads)
 		cancel(err)
 	}
 	<-done
+	<-loadsDone
 	if err != nil {
 		return err
 	}
@@ -190,11 +245,13 @@ type Record struct {
 }
 
 // Change is a change of one model's record: Record is nil when the record
-// was deleted (or became unreadable).
+// was deleted (or became unreadable). Loads, when the watch reads the
+// monitor's loads, is its last reading at the change.
 type Change struct {
 	Model  string
 	Record *Record
 	At     time.Time
+	Loads  *Loads
 }
 
 // sink is the watch loop's Sink: it decodes every record into a

@@ -67,7 +67,7 @@ func TestRender(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Header = "nats://x"
 	const cols = 60
-	lines := Render(cfg, []*Record{a, b, old}, t0.Add(1500*time.Millisecond), cols)
+	lines := Render(cfg, []*Record{a, b, old}, nil, t0.Add(1500*time.Millisecond), cols)
 	text := strings.Join(lines, "\n")
 	for _, want := range []string{
 		"workermon watch  12:00:01  workermon-busy  nats://x  (Ctrl-…", // clipped to the width
@@ -101,10 +101,10 @@ func TestRender(t *testing.T) {
 	}
 
 	cfg.Color = true
-	if text := strings.Join(Render(cfg, []*Record{a}, t0, cols), "\n"); !strings.Contains(text, escRed+"1:kv"+escReset) {
+	if text := strings.Join(Render(cfg, []*Record{a}, nil, t0, cols), "\n"); !strings.Contains(text, escRed+"1:kv"+escReset) {
 		t.Errorf("busy worker not red:\n%q", text)
 	}
-	if got := strings.Join(Render(cfg, nil, t0, cols), "\n"); !strings.Contains(got, "loading") {
+	if got := strings.Join(Render(cfg, nil, nil, t0, cols), "\n"); !strings.Contains(got, "loading") {
 		t.Errorf("before the initial values: %q", got)
 	}
 }
@@ -237,7 +237,7 @@ func TestConfigValidate(t *testing.T) {
 	if !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("%v does not match ErrInvalidConfig", err)
 	}
-	for _, want := range []string{"JetStream is nil", "output is nil", "mode 7", "redraw interval 0s", "stale-after -1ns"} {
+	for _, want := range []string{"JetStream is nil", "output is nil", "mode 7", "redraw interval 0s", "stale-after -1ns", "loads interval 0s", "loads timeout 0s"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("%q does not say %q", err, want)
 		}
@@ -262,7 +262,7 @@ func TestControlCharactersFromRecord(t *testing.T) {
 	if strings.ContainsAny(line, "\n\x1b\x07") {
 		t.Errorf("Lines output carries raw control characters from the record: %q", line)
 	}
-	for _, l := range Render(Config{}, []*Record{r}, t0, 100) {
+	for _, l := range Render(Config{}, []*Record{r}, nil, t0, 100) {
 		if strings.ContainsAny(l, "\n\x1b\x07") {
 			t.Errorf("Screen line carries raw control characters from the record: %q", l)
 		}

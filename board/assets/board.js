@@ -31,6 +31,11 @@
   function pct(x) {
     return (x * 100).toFixed(x < 0.1 ? 1 : 0) + '%';
   }
+  const compact = new Intl.NumberFormat('en-US', { notation: 'compact', maximumFractionDigits: 1 });
+  // dur writes milliseconds as "640 ms" or, from 10 s, "12.3 s".
+  function dur(ms) {
+    return ms < 10000 ? fmt.format(Math.round(ms)) + ' ms' : (ms / 1000).toFixed(1) + ' s';
+  }
 
   // ---- connection -------------------------------------------------------
   function setConn(state, label) {
@@ -89,6 +94,12 @@
     if (t.active_prefill_tokens_threshold_frac != null) {
       parts.push('prefill > ' + t.active_prefill_tokens_threshold_frac + ' × max batched tokens');
     }
+    if (t.kv_committed_threshold != null) {
+      parts.push('committed KV > ' + t.kv_committed_threshold + ' × blocks');
+    }
+    if (t.queue_delay_threshold_ms != null) {
+      parts.push('queue delay > ' + dur(t.queue_delay_threshold_ms));
+    }
     return parts.length ? parts.join(' · ') : 'none set: nothing is ever busy';
   }
 
@@ -103,6 +114,7 @@
       el: el,
       badge: make('span', 'badge', head),
       counts: make('span', 'counts', head),
+      saturation: make('span', 'saturation', head),
       queued: make('span', 'queued', head),
       turnedAway: make('span', 'turned-away', head),
       thresholds: make('div', 'thresholds', el),
@@ -111,9 +123,13 @@
       tiles: new Map(), // worker id -> tile state
       countsKey: '',
     };
+    sec.saturation.hidden = true;
+    sec.saturation.title = 'the model\u2019s saturation: for each fresh, uncordoned worker its load \u00f7 the limit ' +
+      'of the thresholds in force, averaged; 1.00 is the busy line (a worker above 1 is busy), 0 with no threshold set. ' +
+      'Autoscale on it (workermon_model_saturation) with a target under 1';
     sec.queued.hidden = true;
     sec.queued.title = 'requests for this model waiting in the router\'s queue now (--queue-max-wait), ' +
-      'sent as workers free';
+      'sent as workers free; beside them, those the other routers hold queued (the record\'s queued_by)';
     sec.turnedAway.hidden = true;
     sec.turnedAway.title = 'requests for this model the router did not admit since it started, for any reason: ' +
       'every worker busy, sheddable requests shed, a stale list when failing closed';
@@ -156,15 +172,34 @@
       if (n.cordoned) add('cordoned', n.cordoned, 'cordoned');
       if (n.unlisted) add('unlisted', n.unlisted, 'unlisted');
     }
+    // The saturation (contract §21): the record's, once there is one.
+    if (m.saturation != null) {
+      sec.saturation.hidden = false;
+      const v = m.saturation.toFixed(2);
+      if (sec.saturation.dataset.v !== v) {
+        sec.saturation.dataset.v = v;
+        sec.saturation.classList.toggle('high', m.saturation >= 1);
+        sec.saturation.replaceChildren(document.createTextNode('saturation '), make('b'));
+        sec.saturation.children[0].textContent = v;
+      }
+    } else {
+      sec.saturation.hidden = true;
+    }
     // The router's queue (contract §17): shown once the source has one.
     if (m.queued != null) {
       sec.queued.hidden = false;
       const q = fmt.format(m.queued);
-      if (sec.queued.dataset.v !== q) {
-        sec.queued.dataset.v = q;
-        sec.queued.classList.toggle('waiting', m.queued > 0);
+      // Beside it, the other routers' queues (contract §22).
+      const o = m.queued_others != null ? fmt.format(m.queued_others) : '';
+      if (sec.queued.dataset.v !== q + '/' + o) {
+        sec.queued.dataset.v = q + '/' + o;
+        sec.queued.classList.toggle('waiting', m.queued > 0 || m.queued_others > 0);
         sec.queued.replaceChildren(document.createTextNode('queued '), make('b'));
         sec.queued.children[0].textContent = q;
+        if (o !== '') {
+          sec.queued.appendChild(document.createTextNode(' · other routers '));
+          make('b', '', sec.queued).textContent = o;
+        }
       }
     } else {
       sec.queued.hidden = true;
@@ -433,16 +468,24 @@
   }
 
   // ---- tiles ------------------------------------------------------------
-  const reasonShort = { kv: 'kv', prefill: 'pf', 'kv+prefill': 'kv+pf', cordoned: 'cord' };
+  // reasonShort shortens each check of a reason for the tile's corner.
+  const reasonParts = { kv: 'kv', prefill: 'pf', kv_committed: 'kvc', queue_delay: 'delay', cordoned: 'cord' };
+  function reasonShort(reason) {
+    return reason.split('+').map((p) => reasonParts[p] || p).join('+');
+  }
+  const unknownDelay = 'queue delay unknown (hatched): the monitor has not measured this rank\u2019s prefill rate yet ' +
+    '(its engine does not report prefilled_tokens, has not prefilled since it started, or restarted)';
   const unknownKV = 'KV total unknown (hatched): this router counts the KV blocks of the requests it has in flight, ' +
     'but not the size of the rank\u2019s cache, so it cannot draw a share; the monitor\u2019s board has the engines\u2019 totals.';
 
   // rankBars are the bars of a rank's row, left to right. Each names its
   // class (the bar's colour in board.css) and label and, from the rank and
-  // the model's prefill scale, gives the bar: its value v out of full (null:
+  // the model's scales (the largest prefill and queue delay of its ranks
+  // without a limit), gives the bar: its value v out of full (null:
   // unknown, hatched), the threshold's tick at mark (null: none), whether it
-  // is past it, the figure large tiles write over it and a tooltip. To show
-  // another per-rank value, add an entry here.
+  // is past it, the figure large tiles write over it and a tooltip. An
+  // entry with shown(m, snap) appears only in the models where that is
+  // true. To show another per-rank value, add an entry here.
   const rankBars = [
     {
       cls: 'kv', label: 'KV',
@@ -459,7 +502,7 @@
     },
     {
       cls: 'pf', label: 'PF',
-      of(r, prefillScale) {
+      of(r, scale) {
         // The limit sits at 80% of the bar; without a limit the bar is
         // relative to the model's largest prefill.
         const lim = r.prefill_limit;
@@ -467,11 +510,41 @@
           return { v: r.prefill, full: Math.max(lim * 1.25, 1), mark: lim, over: r.prefill > lim,
             figure: fmt.format(r.prefill) + '/' + fmt.format(lim) + ' tok', title: 'tokens being prefilled, against the limit' };
         }
-        return { v: r.prefill, full: prefillScale, mark: null, over: false,
+        return { v: r.prefill, full: scale.prefill, mark: null, over: false,
           figure: fmt.format(r.prefill) + ' tok', title: 'tokens being prefilled' };
       },
     },
+    {
+      // The predicted queue delay (contract §21): the prefill tokens ÷ the
+      // rank's measured prefill rate, the time to first token a request
+      // sent now would wait. Shown on the monitor's board for the models
+      // with a queue-delay threshold or a measured rate.
+      cls: 'qd', label: 'QD',
+      shown(m, snap) {
+        return snap.kind !== 'router' && (m.thresholds.queue_delay_threshold_ms != null ||
+          m.workers.some((w) => (w.ranks || []).some((r) => r.prefill_rate != null)));
+      },
+      of(r, scale) {
+        // The figure: the delay · the prefill rate in tokens per second.
+        const rate = r.prefill_rate != null ? ' \u00b7 ' + compact.format(r.prefill_rate) + '/s' : '';
+        if (r.queue_delay_ms == null) {
+          return { v: 0, full: null, mark: null, over: false, figure: 'rate unknown', title: unknownDelay };
+        }
+        const lim = r.delay_limit;
+        const title = 'predicted queue delay: ' + fmt.format(r.prefill) + ' prefill tokens at ' +
+          fmt.format(r.prefill_rate) + ' tokens/s' + (lim != null ? ', against the threshold ' + dur(lim) : '');
+        if (lim != null) {
+          return { v: r.queue_delay_ms, full: Math.max(lim * 1.25, 1), mark: lim, over: r.queue_delay_ms > lim,
+            figure: dur(r.queue_delay_ms) + rate, title: title };
+        }
+        return { v: r.queue_delay_ms, full: scale.delay, mark: null, over: false, figure: dur(r.queue_delay_ms) + rate, title: title };
+      },
+    },
   ];
+  // barsOf are the rankBars a model's rows show.
+  function barsOf(m, snap) {
+    return rankBars.filter((rb) => !rb.shown || rb.shown(m, snap));
+  }
 
   function tileTitle(w, m, snap) {
     const lines = ['worker ' + w.id + ': ' + w.state + (w.level ? ' (' + w.level + ')' : '') +
@@ -486,6 +559,13 @@
       let pf = 'prefill ' + fmt.format(r.prefill) + ' tokens';
       if (r.prefill_limit != null) pf += ', limit ' + fmt.format(r.prefill_limit);
       let line = 'rank ' + r.rank + est + ': ' + kv + '; ' + pf;
+      if (r.queue_delay_ms != null) {
+        line += '; queue delay ' + dur(r.queue_delay_ms) + ' at ' + fmt.format(r.prefill_rate) + ' tokens/s' +
+          (r.delay_limit != null ? ' (threshold ' + dur(r.delay_limit) + ')' : '');
+      } else if (r.delay_limit != null) {
+        line += '; queue delay unknown (threshold ' + dur(r.delay_limit) + ')';
+      }
+      if (r.preemption_rate != null) line += '; ' + r.preemption_rate + ' preemptions/s';
       if (r.busy) line += '; busy (' + r.reason + ')';
       if (r.stale) line += '; stale';
       lines.push(line);
@@ -539,27 +619,34 @@
     }
   }
 
-  function updateTile(t, w, m, snap, prefillScale) {
+  function updateTile(t, w, m, snap, scale) {
     let c = 'tile s-' + w.state;
     if (w.level) c += ' l-' + w.level;
     cls(t.el, c);
     t.el.dataset.state = w.state;
     t.el.dataset.level = w.level || '';
-    text(t.why, w.reason ? (reasonShort[w.reason] || w.reason) : (w.level === 'amber' ? 'amber' : (w.state === 'stale' ? 'stale' : '')));
+    text(t.why, w.reason ? reasonShort(w.reason) : (w.level === 'amber' ? 'amber' : (w.state === 'stale' ? 'stale' : '')));
     text(t.host, w.endpoint ? hostOf(w.endpoint) : '');
     attr(t.el, 'title', tileTitle(w, m, snap));
     const ranks = w.ranks || [];
+    const bars = barsOf(m, snap);
+    const barsKey = bars.map((rb) => rb.cls).join(' ');
+    if (t.barsKey !== barsKey) {
+      // Another set of bars: the rows are built anew.
+      t.barsKey = barsKey;
+      while (t.rows.length) t.rows.pop().el.remove();
+    }
     while (t.rows.length < ranks.length) {
       const row = make('div', 'rank', t.ranks);
       const label = make('span', 'rank-label', row);
-      t.rows.push({ el: row, label: label, bars: rankBars.map((rb) => makeBar(row, rb.cls, rb.label)) });
+      t.rows.push({ el: row, label: label, bars: bars.map((rb) => makeBar(row, rb.cls, rb.label)) });
     }
     while (t.rows.length > ranks.length) t.rows.pop().el.remove();
     ranks.forEach((r, i) => {
       const row = t.rows[i];
       cls(row.el, r.stale ? 'rank stale' : 'rank');
       text(row.label, 'r' + r.rank);
-      rankBars.forEach((rb, j) => setBar(row.bars[j], rb.of(r, prefillScale)));
+      bars.forEach((rb, j) => setBar(row.bars[j], rb.of(r, scale)));
     });
   }
 
@@ -590,9 +677,16 @@
   }
 
   function updateTiles(sec, m, snap) {
-    let prefillMax = 0;
-    for (const w of m.workers) for (const r of w.ranks || []) if (r.prefill_limit == null) prefillMax = Math.max(prefillMax, r.prefill);
-    const prefillScale = prefillMax > 0 ? prefillMax : 1;
+    let prefillMax = 0, delayMax = 0;
+    for (const w of m.workers) {
+      for (const r of w.ranks || []) {
+        if (r.prefill_limit == null) prefillMax = Math.max(prefillMax, r.prefill);
+        if (r.delay_limit == null && r.queue_delay_ms != null) delayMax = Math.max(delayMax, r.queue_delay_ms);
+      }
+    }
+    const scale = { prefill: prefillMax > 0 ? prefillMax : 1, delay: delayMax > 0 ? delayMax : 1 };
+    // The bars shown depend on the whole model: a change redraws its tiles.
+    const barsKey = barsOf(m, snap).map((rb) => rb.cls).join(' ');
     const seen = new Set();
     let prev = null;
     for (const w of m.workers) {
@@ -603,10 +697,10 @@
       }
       const want = prev ? prev.el.nextSibling : sec.tilesEl.firstChild;
       if (want !== t.el) sec.tilesEl.insertBefore(t.el, want);
-      const key = JSON.stringify(w) + '|' + prefillScale + '|' + (snap.estimates ? 1 : 0);
+      const key = JSON.stringify(w) + '|' + scale.prefill + '|' + scale.delay + '|' + barsKey + '|' + (snap.estimates ? 1 : 0);
       if (key !== t.key) {
         t.key = key;
-        updateTile(t, w, m, snap, prefillScale);
+        updateTile(t, w, m, snap, scale);
       }
       seen.add(w.id);
       prev = t;
@@ -717,6 +811,7 @@
     $('empty').hidden = snap.models.length > 0 || !!snap.error;
     // The legend explains the hatched KV bars when some are drawn.
     $('key-unknown').hidden = !snap.models.some((m) => m.workers.some((w) => (w.ranks || []).some((r) => !(r.kv_total > 0))));
+    $('key-delay').hidden = !snap.models.some((m) => barsOf(m, snap).some((rb) => rb.cls === 'qd'));
   }
 
   function tick() {

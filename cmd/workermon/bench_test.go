@@ -25,7 +25,8 @@ func TestBenchCommand(t *testing.T) {
 		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
 	}
 	if r.RawIngest <= 0 || r.Ingest <= 0 || r.IngestRatio <= 0 || r.RawP50 <= 0 || r.P50 <= 0 || r.P99 < r.P50 ||
-		r.MemRanks != 1600 || r.DecideNs <= 0 || r.Cores < 1 || r.StormReports <= 0 || r.StormWrites <= 0 || r.StormModels != 4 {
+		r.MemRanks != 1600 || r.DecideNs <= 0 || r.Cores < 1 || r.StormReports <= 0 || r.StormWrites <= 0 || r.StormModels != 4 ||
+		r.QueuesModels != 4 || r.QueuesReports <= 0 || r.QueuesWrites <= 0 || r.QueuesStormWrites <= 0 {
 		t.Fatalf("figures missing: %+v", r)
 	}
 	if r.IngestLost != 0 || r.DecideAllocs != 0 || r.StormLost != 0 {

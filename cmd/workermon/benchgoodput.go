@@ -12,6 +12,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,20 +29,24 @@ type benchGoodputOptions struct {
 	policies  string
 	scenarios string
 	capacity  float64
+	capDocs   float64
+	shares    string
 	parallel  int
 	log       logOptions
 }
 
 func (o *benchGoodputOptions) flags(fs *flag.FlagSet) {
-	fs.BoolVar(&o.quick, "quick", false, "shorter windows (8 s after 3 s for the capacity, 12 s scenarios), thresholds-best on ramp and shift only: within 8 minutes on 2 cores")
+	fs.BoolVar(&o.quick, "quick", false, "shorter windows (8 s after 3 s for the capacities, 12 s scenarios), thresholds-best on ramp and shift only: within 10 minutes on 2 cores")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the figures as one JSON object")
-	fs.StringVar(&o.reportDir, "report", "", "directory to write report.html to: offered load, goodput, TTFT p99 and rejections over time, per scenario and policy")
+	fs.StringVar(&o.reportDir, "report", "", "directory to write report.html to: offered load, goodput, TTFT p99, rejections and (where clients retry) attempts over time, per scenario and policy")
 	fs.IntVar(&o.seeds, "seeds", 1, "run each row this many times (seeds --seed, --seed+1, ...) and report the medians")
 	fs.Uint64Var(&o.seed, "seed", wmbench.DefaultGoodputSeed, "seed of the Poisson arrivals and of the requests' lengths")
-	fs.StringVar(&o.policies, "policies", "", "run only these policies, comma-separated (none, thresholds, thresholds-best, queue, slo; default all)")
-	fs.StringVar(&o.scenarios, "scenarios", "", "run only these scenarios, comma-separated (ramp, burst, shift; default all)")
+	fs.StringVar(&o.policies, "policies", "", "run only these policies, comma-separated (none, thresholds, thresholds-best, queue, slo, committed, resched; default all)")
+	fs.StringVar(&o.scenarios, "scenarios", "", "run only these scenarios, comma-separated (ramp, burst, shift, spike, scaleout; default all)")
+	fs.StringVar(&o.shares, "router-shares", "", fmt.Sprintf("split the load of the %d-router rows in these proportions, comma-separated, e.g. 60,30,10 (default even); the queue rows then give each router's queue-wait p90 and rejected share", wmbench.MultiRouters))
 	fs.IntVar(&o.parallel, "parallel", wmbench.DefaultParallel, "rows measured at once, each with its own monitor, fleet and routers (the capacity's trials run one at a time)")
 	fs.Float64Var(&o.capacity, "capacity", 0, "take this capacity (requests/s) instead of measuring it, e.g. a full run's, to repeat some rows (0: measure it)")
+	fs.Float64Var(&o.capDocs, "capacity-documents", 0, "take this capacity for the documents workload (requests/s) instead of measuring it (0: measure it when a scenario offers documents, from the chat capacity × 480 ÷ 4256 tokens)")
 	o.log.flags(fs)
 }
 
@@ -61,6 +66,13 @@ func runBenchGoodput(ctx context.Context, args []string, stdout, stderr io.Write
 	if !(o.capacity >= 0) || math.IsInf(o.capacity, 0) {
 		err = errors.Join(err, fmt.Errorf("%w: --capacity %v must be a positive rate, or 0 to measure it", errUsage, o.capacity))
 	}
+	if !(o.capDocs >= 0) || math.IsInf(o.capDocs, 0) {
+		err = errors.Join(err, fmt.Errorf("%w: --capacity-documents %v must be a positive rate, or 0 to measure it", errUsage, o.capDocs))
+	}
+	shares, sherr := parseShares(o.shares)
+	if sherr != nil {
+		err = errors.Join(err, fmt.Errorf("%w: --router-shares %q: %w", errUsage, o.shares, sherr))
+	}
 	policies, perr := wmbench.SelectPolicies(o.quick, splitList(o.policies))
 	if perr != nil {
 		err = errors.Join(err, fmt.Errorf("%w: --policies: %w", errUsage, perr))
@@ -74,7 +86,7 @@ func runBenchGoodput(ctx context.Context, args []string, stdout, stderr io.Write
 	}
 	res, err := wmbench.Goodput(ctx, wmbench.GoodputConfig{
 		Stack: goodputStack{log: log}, Quick: o.quick, Seeds: o.seeds, Seed: o.seed, Log: log,
-		Policies: policies, Scenarios: scenarios, Capacity: o.capacity, Parallel: o.parallel,
+		Policies: policies, Scenarios: scenarios, Capacity: o.capacity, CapacityDocuments: o.capDocs, Parallel: o.parallel, RouterShares: shares,
 		Progress: func(msg string) { fmt.Fprintf(stderr, "bench: %s\n", msg) },
 	})
 	if err != nil {
@@ -115,6 +127,9 @@ func (s goodputStack) StartMonitor(ctx context.Context, spec wmbench.MonitorSpec
 	}
 	if spec.SLOPrefillMin > 0 && spec.SLOPrefillMax > 0 {
 		so.slo.prefill = uintRange{spec.SLOPrefillMin, spec.SLOPrefillMax}
+	}
+	if spec.Rescheduling > 0 {
+		so.resched.interval = spec.Rescheduling
 	}
 	svc, err := startService(ctx, so, s.log.With("part", "monitor"), newRegistry())
 	if err != nil {
@@ -168,6 +183,17 @@ func postGoodputSLO(ctx context.Context, base string, spec wmbench.SLOSpec) erro
 }
 
 func (s goodputStack) StartRouter(_ context.Context, spec wmbench.RouterSpec) (wmbench.Router, error) {
+	ro := goodputRouterOptions(spec)
+	svc, err := startRouter(ro, s.log.With("part", "router", "router_id", spec.ID), newRegistry())
+	if err != nil {
+		return nil, err
+	}
+	return goodputRouter{svc}, nil
+}
+
+// goodputRouterOptions are the options of a benchmark router as spec
+// configures it.
+func goodputRouterOptions(spec wmbench.RouterSpec) routerOptions {
 	ro := defaultRouterOptions()
 	ro.natsURL, ro.httpAddr, ro.router.RouterID = spec.NATSURL, "127.0.0.1:0", spec.ID
 	if spec.QueueMaxWait > 0 {
@@ -179,11 +205,10 @@ func (s goodputStack) StartRouter(_ context.Context, spec wmbench.RouterSpec) (w
 	if spec.QueuePace > 0 {
 		ro.router.QueuePace = spec.QueuePace
 	}
-	svc, err := startRouter(ro, s.log.With("part", "router", "router_id", spec.ID), newRegistry())
-	if err != nil {
-		return nil, err
+	if spec.MigrationLimit > 0 {
+		ro.router.MigrationLimit = spec.MigrationLimit
 	}
-	return goodputRouter{svc}, nil
+	return ro
 }
 
 type goodputMonitor struct {
@@ -201,6 +226,27 @@ type goodputRouter struct{ svc *routerService }
 
 func (r goodputRouter) URL() string                     { return "http://" + r.svc.httpAddr }
 func (r goodputRouter) Close(ctx context.Context) error { return r.svc.Close(ctx) }
+
+// parseShares parses --router-shares: one positive number per router of
+// the multi-router rows; nil when s is empty.
+func parseShares(s string) ([]float64, error) {
+	items := splitList(s)
+	if len(items) == 0 {
+		return nil, nil
+	}
+	if len(items) != wmbench.MultiRouters {
+		return nil, fmt.Errorf("want %d shares, one per router, got %d", wmbench.MultiRouters, len(items))
+	}
+	out := make([]float64, len(items))
+	for i, it := range items {
+		v, err := strconv.ParseFloat(it, 64)
+		if err != nil || !(v > 0) || math.IsInf(v, 0) {
+			return nil, fmt.Errorf("share %q is not a positive number", it)
+		}
+		out[i] = v
+	}
+	return out, nil
+}
 
 // splitList splits a comma-separated flag value, dropping empty items and
 // spaces.

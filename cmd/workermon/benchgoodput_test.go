@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -25,12 +26,13 @@ import (
 )
 
 // TestBenchGoodputPlumbing runs a tiny goodput benchmark with the real
-// monitor, fleet and routers (2 s of the ramp at a rate that overloads the
-// fleet, the capacity given), every policy, and checks the rows, the JSON
-// document of contract §16, the table and the report: the queue rows ran
-// routers with the queue on and report a queue wait, the slo rows a
-// monitor controlling the model under the profile's SLO. No goodput figure
-// is asserted: the machine is shared.
+// monitor, fleet and routers (2 s of the ramp and of the spike at rates that
+// overload the fleet, the capacity given), every policy, and checks the
+// rows, the JSON document of contract §16, the table and the report: the
+// queue rows ran routers with the queue on (waiting 2 s on spike) and
+// report a queue wait, the slo rows a monitor controlling the model under
+// the profile's SLO, thresholds-best did not run on spike, whose clients
+// retry. No goodput figure is asserted: the machine is shared.
 func TestBenchGoodputPlumbing(t *testing.T) {
 	t.Parallel()
 	var progress syncbuf.Buffer
@@ -52,10 +54,12 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 		Timings:   wmbench.Timings{Warmup: time.Second, Measure: time.Second, Scenario: 2 * time.Second},
 		Capacity:  40, // 20 to 100 requests/s: far over what 4 tiny ranks serve
 		MaxDrain:  500 * time.Millisecond,
-		Scenarios: wmbench.Scenarios()[:1], // ramp
+		Scenarios: scenarios(t, wmbench.ScenarioRamp, wmbench.ScenarioSpike),
 		Policies:  policies,
 		Seed:      7,
-		Progress:  func(s string) { _, _ = progress.Write([]byte(s + "\n")) },
+		// Uneven: the queue rows with 3 routers give figures per router.
+		RouterShares: []float64{60, 30, 10},
+		Progress:     func(s string) { _, _ = progress.Write([]byte(s + "\n")) },
 	})
 	if err != nil {
 		t.Fatalf("goodput: %v\nprogress:\n%s", err, progress.String())
@@ -64,14 +68,18 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 		t.Errorf("pending policies %v", res.Pending)
 	}
 	type rowID struct {
-		policy  string
-		routers int
+		scenario, policy string
+		routers          int
 	}
 	var ids []rowID
 	for _, r := range res.Results {
-		ids = append(ids, rowID{r.Policy, r.Routers})
-		if r.Scenario != wmbench.ScenarioRamp {
-			t.Errorf("row %+v: want scenario ramp", r)
+		ids = append(ids, rowID{r.Scenario, r.Policy, r.Routers})
+		if byRouter := r.Policy == wmbench.PolicyQueue && r.Routers == 3; byRouter != (len(r.ByRouter) == 3) ||
+			byRouter && (r.ByRouter[0].Share != 0.6 || r.ByRouter[1].Share != 0.3 || r.ByRouter[2].Share != 0.1) {
+			t.Errorf("row %s %s, %d routers: by router %+v; want shares 0.6, 0.3, 0.1 on the queue rows with 3 routers only", r.Scenario, r.Policy, r.Routers, r.ByRouter)
+		}
+		if r.AttemptsPerRequest < 1 || r.FailedPct < 0 || r.FailedPct > 100 || (r.Retries == 2) != (r.Scenario == wmbench.ScenarioSpike) {
+			t.Errorf("row %s %s: %v attempts a request, failed %v %%, clients retry %d times", r.Scenario, r.Policy, r.AttemptsPerRequest, r.FailedPct, r.Retries)
 		}
 		if len(r.Series) != 2 {
 			t.Errorf("row %s: %d points, want one a second of 2 s", r.Policy, len(r.Series))
@@ -80,7 +88,10 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 			t.Errorf("row %s, %d router(s): queue wait p99 %v; want one exactly for queue", r.Policy, r.Routers, r.QueueWaitP99)
 		}
 	}
-	want := []rowID{{"none", 1}, {"thresholds", 1}, {"thresholds-best", 1}, {"queue", 1}, {"queue", 3}, {"slo", 1}, {"slo", 3}}
+	want := []rowID{{"ramp", "none", 1}, {"ramp", "thresholds", 1}, {"ramp", "thresholds-best", 1}, {"ramp", "queue", 1}, {"ramp", "queue", 3},
+		{"ramp", "slo", 1}, {"ramp", "slo", 3}, {"ramp", "committed", 1},
+		{"spike", "none", 1}, {"spike", "thresholds", 1}, {"spike", "queue", 1}, {"spike", "queue", 3}, {"spike", "slo", 1}, {"spike", "slo", 3},
+		{"spike", "committed", 1}}
 	if !slices.Equal(ids, want) {
 		t.Errorf("rows %v, want %v", ids, want)
 	}
@@ -90,8 +101,16 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 	// What the monitors and routers of each row ran with.
 	stack.mu.Lock()
 	defer stack.mu.Unlock()
-	sloMonitors, queueRouters := 0, 0
+	sloMonitors, queueRouters, committedMonitors := 0, 0, 0
 	for _, m := range stack.monitors {
+		if m.spec.Thresholds.KVCommitted != nil {
+			// committed: the monitor runs the leading thresholds alone.
+			committedMonitors++
+			th := m.thresholds
+			if th.KVCommitted == nil || *th.KVCommitted != 1 || th.QueueDelayMs == nil || *th.QueueDelayMs != 500 || th.ActiveDecodeBlocks != nil {
+				t.Errorf("a committed monitor's thresholds: %+v; want kv_committed 1, queue delay 500 ms, no decode threshold", th)
+			}
+		}
 		if m.spec.SLO == nil {
 			if m.sloStatus != http.StatusNotFound {
 				t.Errorf("a monitor without an SLO answered GET /slo?model= with %d, want 404", m.sloStatus)
@@ -107,18 +126,26 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 			t.Errorf("an slo monitor's controller applied %+v: want thresholds within its ranges", r.Applied)
 		}
 	}
+	waits := map[float64]int{}
 	for _, q := range stack.routers {
 		if q.spec.QueueMaxWait > 0 {
 			queueRouters++
-			if !q.queues.Enabled || q.queues.MaxWaitMs != float64(wmbench.QueueMaxWait.Milliseconds()) {
-				t.Errorf("a queue router's /queues: %+v; want enabled, max wait %v", q.queues, wmbench.QueueMaxWait)
+			waits[q.queues.MaxWaitMs]++
+			if !q.queues.Enabled || q.queues.MaxWaitMs != float64(q.spec.QueueMaxWait.Milliseconds()) {
+				t.Errorf("a queue router's /queues: %+v; want enabled, max wait %v", q.queues, q.spec.QueueMaxWait)
 			}
 		} else if q.queues.Enabled {
 			t.Errorf("a router of another policy has its queue on")
 		}
 	}
-	if sloMonitors != 2 || queueRouters != 4 {
-		t.Errorf("%d monitors with an SLO, %d routers with a queue; want 2 (slo, 1 and 3 routers) and 4 (queue: 1 + 3)", sloMonitors, queueRouters)
+	if committedMonitors != 2 {
+		t.Errorf("%d monitors with the committed thresholds, want 2", committedMonitors)
+	}
+	if sloMonitors != 4 || queueRouters != 8 {
+		t.Errorf("%d monitors with an SLO, %d routers with a queue; want 4 (slo, 1 and 3 routers, 2 scenarios) and 8 (queue: 1 + 3, twice)", sloMonitors, queueRouters)
+	}
+	if waits[float64(wmbench.QueueMaxWait.Milliseconds())] != 4 || waits[2000] != 4 {
+		t.Errorf("queue routers by their max wait (ms): %v; want 4 of %v (ramp) and 4 of 2 s (spike)", waits, wmbench.QueueMaxWait)
 	}
 
 	data, err := json.Marshal(res)
@@ -137,22 +164,34 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 		slices.Sort(k)
 		return k
 	}
-	if got, want := keys(doc), []string{"capacity_rps", "results", "slo"}; !slices.Equal(got, want) {
+	if got, want := keys(doc), []string{"capacity_documents_rps", "capacity_rps", "results", "slo"}; !slices.Equal(got, want) {
 		t.Errorf("document keys %v, want %v", got, want)
 	}
 	if got, want := keys(doc["slo"].(map[string]any)), []string{"itl_ms", "ttft_ms"}; !slices.Equal(got, want) {
 		t.Errorf("slo keys %v, want %v", got, want)
 	}
 	rows := doc["results"].([]any)
-	if len(rows) != 7 {
-		t.Fatalf("%d results, want 7", len(rows))
+	if len(rows) != 15 {
+		t.Fatalf("%d results, want 15", len(rows))
 	}
-	keysWant := []string{"cpu_pct", "goodput_pct", "goodput_rps", "itl_p99_ms", "policy", "preemptions", "queue_wait_p99_ms",
+	keysWant := []string{"attempts_per_request", "ceiling_pct", "ceiling_rps", "cpu_pct", "failed_pct", "goodput_pct", "goodput_rps", "itl_p99_ms", "policy", "preemptions", "queue_wait_p99_ms",
 		"rejected_pct", "routers", "scenario", "ttft_p50_ms", "ttft_p99_ms"}
 	for _, r := range rows {
 		row := r.(map[string]any)
+		if br, ok := row["by_router"].([]any); ok && len(br) == 3 {
+			if got, want := keys(br[0].(map[string]any)), []string{"queue_wait_p90_ms", "rejected_pct", "share"}; !slices.Equal(got, want) {
+				t.Errorf("by_router keys %v, want %v", got, want)
+			}
+			delete(row, "by_router")
+		}
 		if got := keys(row); !slices.Equal(got, keysWant) {
 			t.Errorf("row keys %v, want %v", got, keysWant)
+		}
+		// Ramp's ceiling at a chat capacity of 40: 50 % → 250 % → 50 %,
+		// under the capacity for its first and last eighth: 37.5; spike's
+		// at 40 % of it, 200 % in its first 2 s: 16.
+		if c := row["ceiling_rps"]; !(row["scenario"] == "ramp" && c == 37.5 || row["scenario"] == "spike" && c == 16.0) {
+			t.Errorf("%s: ceiling %v", row["scenario"], c)
 		}
 		if _, isNum := row["queue_wait_p99_ms"].(float64); isNum != (row["policy"] == wmbench.PolicyQueue) {
 			t.Errorf("%s: queue_wait_p99_ms %v, want a number for queue only, else null", row["policy"], row["queue_wait_p99_ms"])
@@ -162,7 +201,7 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 	var table bytes.Buffer
 	wmbench.PrintGoodput(&table, res)
 	for _, s := range []string{"SLO (the profile's): TTFT ≤ 1000 ms, TPOT ≤ 50 ms", "capacity", "thresholds-best (",
-		"queue: ", "slo: "} {
+		"queue: ", "slo: ", "by router, load split 60/30/10", "ramp queue, 3 routers: 60 %: ", "committed: serve --kv-committed-threshold 1 --queue-delay-threshold-ms 500", "ceilings", "ramp 37.50/s", "ramp: Winner: ", "spike: Winner: ", "% of ceil.", "host CPU"} {
 		if !strings.Contains(table.String(), s) {
 			t.Errorf("the table lacks %q:\n%s", s, table.String())
 		}
@@ -178,14 +217,27 @@ func TestBenchGoodputPlumbing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(page), "<svg"); n != 3 {
-		t.Errorf("the report has %d charts, want 3 (one scenario)", n)
+	// 3 charts for ramp, 4 for spike (attempts/s: its clients retry).
+	if n := strings.Count(string(page), `class="chart"`); n != 7 {
+		t.Errorf("the report has %d charts, want 7", n)
 	}
 }
 
+// scenarios returns the benchmark's scenarios of those names.
+func scenarios(t *testing.T, names ...string) []wmbench.Scenario {
+	t.Helper()
+	scs, err := wmbench.SelectScenarios(names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return scs
+}
+
 // TestBenchGoodputReportInBrowser opens a report in headless Chromium: every
-// scenario has its three charts with a line per policy and the offered load,
-// nothing is fetched from elsewhere, and a screenshot is saved.
+// scenario has its three charts (four where clients retry: attempts/s) with
+// a line per policy and the offered load, each policy drawn with its own
+// dash, a sentence naming the winner, nothing fetched from elsewhere, and a
+// screenshot is saved.
 func TestBenchGoodputReportInBrowser(t *testing.T) {
 	chrome := findChromium()
 	if chrome == "" {
@@ -197,12 +249,17 @@ func TestBenchGoodputReportInBrowser(t *testing.T) {
 		Scenario: 30 * time.Second, Pending: []wmbench.Policy{{Name: "queue", Pending: "not built"}}}
 	for _, sc := range wmbench.Scenarios() {
 		for i, policy := range []string{"none", "thresholds", "thresholds-best"} {
-			row := wmbench.GoodputRow{Scenario: sc.Name, Policy: policy, Routers: 1, Decode: 0.75}
+			row := wmbench.GoodputRow{Scenario: sc.Name, Policy: policy, Routers: 1, Decode: 0.75, Retries: sc.Retries,
+				GoodputRPS: 8 - float64(i), CeilingRPS: 9}
 			for s := range 30 {
 				at := time.Duration(s) * time.Second
 				offered := 10 * sc.Rate(at, 30*time.Second)
-				row.Series = append(row.Series, wmbench.Point{T: at, TargetRPS: offered, Offered: int(offered),
-					Good: int(min(offered, 10-float64(i))), Rejected: int(max(0, offered-10)) * i, TTFTp99: 200 + 400*float64(i)*offered})
+				pt := wmbench.Point{T: at, TargetRPS: offered, Offered: int(offered), CeilingRPS: min(offered, 10), Attempts: int(offered) + int(max(0, offered-10))*i,
+					Good: int(min(offered, 10-float64(i))), Rejected: int(max(0, offered-10)) * i, TTFTp99: 200 + 400*float64(i)*offered}
+				if s%7 == 3 {
+					pt.TTFTp99 = math.NaN()
+				}
+				row.Series = append(row.Series, pt)
 			}
 			res.Results = append(res.Results, row)
 		}
@@ -212,15 +269,20 @@ func TestBenchGoodputReportInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := openBrowser(t, chrome, "file://"+filepath.ToSlash(path))
-	b.poll("nine charts are drawn", `document.querySelectorAll('section.scenario svg.chart').length === 9`, 10*time.Second)
+	b.poll("17 charts are drawn (5 scenarios × 3, and attempts/s for the 2 that retry)", `document.querySelectorAll('section.scenario svg.chart').length === 17`, 10*time.Second)
 	b.poll("each chart has its lines", `[...document.querySelectorAll('svg.chart')].every(s =>
 		s.querySelectorAll('path.series').length >= 3 && s.getBoundingClientRect().width > 100)`, 5*time.Second)
-	b.poll("the requests/s charts show the offered load and 3 policies", `[...document.querySelectorAll('section.scenario')].every(s =>
-		s.querySelector('svg.chart').querySelectorAll('path.series').length === 4)`, 5*time.Second)
+	b.poll("the requests/s charts show the offered load, the ceiling and 3 policies", `[...document.querySelectorAll('section.scenario')].every(s =>
+		s.querySelector('svg.chart').querySelectorAll('path.series').length === 5 && s.querySelector('svg.chart path.series.ceiling'))`, 5*time.Second)
+	b.poll("each policy has its own dash", `[...document.querySelectorAll('svg.chart')].every(s =>
+		new Set([...s.querySelectorAll('path.series.policy')].map(p => p.getAttribute('stroke-dasharray') || 'solid')).size === 3)`, 5*time.Second)
+	b.poll("the TTFT lines carry through seconds without a value, marked", `[...document.querySelectorAll('section.scenario')].every(s =>
+		s.querySelectorAll('circle.carried').length > 0)`, 5*time.Second)
+	b.poll("the scenarios with retries plot attempts", `document.querySelectorAll('svg.chart[aria-label^="attempts/s"]').length === 2`, 5*time.Second)
 	b.poll("nothing is loaded from elsewhere", `performance.getEntriesByType('resource').length === 0 &&
 		document.querySelectorAll('script, link, img, [src]').length === 0`, 5*time.Second)
-	if got := b.text("body"); !strings.Contains(got, "Not measured yet: queue") {
-		t.Errorf("the page does not say queue is not measured yet: %.300q", got)
+	if got := b.text("body"); !strings.Contains(got, "Not measured yet: queue") || strings.Count(got, "Winner: none, with 8.00 good requests/s") != 5 {
+		t.Errorf("the page does not say queue is not measured yet, or does not name the winner of each scenario: %.300q", got)
 	}
 	shot, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
 	if err != nil {
@@ -249,10 +311,11 @@ type inspectingStack struct {
 
 type inspectedMonitor struct {
 	*goodputMonitor
-	stack     *inspectingStack
-	spec      wmbench.MonitorSpec
-	sloStatus int
-	slo       api.SLOReply
+	stack      *inspectingStack
+	spec       wmbench.MonitorSpec
+	sloStatus  int
+	slo        api.SLOReply
+	thresholds events.Thresholds // the model's, as the monitor states them
 }
 
 type inspectedRouter struct {
@@ -287,6 +350,13 @@ func (m *inspectedMonitor) Close(ctx context.Context) error {
 		m.sloStatus = resp.StatusCode
 		err = json.NewDecoder(resp.Body).Decode(&m.slo)
 		resp.Body.Close()
+	}
+	if c, cerr := api.NewClient("http://"+m.svc.httpAddr, "", nil); cerr != nil {
+		err = errors.Join(err, cerr)
+	} else if th, terr := c.ThresholdsOf(ctx, wmbench.GoodputModel); terr != nil {
+		err = errors.Join(err, terr)
+	} else {
+		m.thresholds = th.Thresholds
 	}
 	m.stack.mu.Lock()
 	m.stack.monitors = append(m.stack.monitors, m)

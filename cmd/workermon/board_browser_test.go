@@ -118,6 +118,28 @@ func TestBoardInBrowser(t *testing.T) {
 		`(s => s !== null && s.dataset.allBusy === "true" && s.querySelector('.badge').textContent.includes("ALL BUSY"))(document.querySelector('section[data-model=%q]'))`,
 		full), 15*time.Second)
 	poll("the bars are drawn", `[...document.querySelectorAll('.bar.kv .fill')].some(e => e.offsetWidth > 0)`, 5*time.Second)
+	// The record's saturation (contract §21) in each model's header: past
+	// the busy line for the model whose workers are all busy.
+	poll("the saturations", fmt.Sprintf(`(f => f !== null && f.classList.contains('high') && Number(f.dataset.v) > 1)(
+		document.querySelector('section[data-model=%q] .saturation'))`, full), 10*time.Second)
+	if s := b.text(fmt.Sprintf(`section[data-model=%q] .saturation`, model)); !regexp.MustCompile(`^saturation 0\.\d\d$`).MatchString(s) {
+		t.Errorf("%s's saturation %q, want one below 1", model, s)
+	}
+	// Worker 13's rank 0 counts the prompt tokens it computes: the monitor
+	// measures its prefill rate, and the board writes the predicted queue
+	// delay and the rate over its new bar.
+	delayFig := regexp.MustCompile(`^[0-9,.]+ m?s · [0-9.]+[KMBT]?/s$`)
+	var prefilled uint64
+	natstest.WaitFor(t, 15*time.Second, "worker 13's queue delay on the board", func() bool {
+		prefilled += 1000
+		mu.Lock()
+		p := pubs[model+"/13"]
+		mu.Unlock()
+		if err := p.Update(0, publisher.Load{PrefilledTokens: events.Some(prefilled)}); err != nil {
+			t.Fatal(err)
+		}
+		return delayFig.MatchString(b.text(fmt.Sprintf(`section[data-model=%q] .tile[data-worker="13"] .cell:has(.bar.qd) .fig`, model)))
+	})
 
 	// Worker 11 over the KV threshold on both ranks: busy.
 	publish(model, 11, 0, 950, 10)

@@ -30,6 +30,13 @@ type vectors struct {
 		Model string `json:"model"`
 		Key   string `json:"key"`
 	} `json:"model_keys"`
+	// RouterQueues are the routers' queue reports of contract §22.
+	RouterQueues []struct {
+		Name    string `json:"name"`
+		Subject string `json:"subject"`
+		Hex     string `json:"hex"`
+		Valid   bool   `json:"valid"`
+	} `json:"router_queues"`
 }
 
 func loadVectors(t *testing.T) vectors {
@@ -156,3 +163,65 @@ func TestContractVectorsInvalid(t *testing.T) {
 }
 
 func formatU(u uint64) string { return strconv.FormatUint(u, 10) }
+
+// queuedBy returns a record's queued_by as {source: {priority: count}}.
+func (r record) queuedBy() map[string]map[int64]uint64 {
+	out := map[string]map[int64]uint64{}
+	m, _ := r.m["queued_by"].(map[any]any)
+	for k, v := range m {
+		src, _ := k.(string)
+		q, _ := v.(map[any]any)
+		out[src] = map[int64]uint64{}
+		for p, n := range q {
+			pi, _ := toU64(p)
+			ni, _ := toU64(n)
+			out[src][int64(pi)] = ni
+		}
+	}
+	return out
+}
+
+// TestContractVectorsRouterQueues: a monitor takes the valid router-queue
+// vectors (contract §22) into the record's queued_by and queued, refuses
+// the others, and forgets a router's queue 3 s after its report.
+func TestContractVectorsRouterQueues(t *testing.T) {
+	t.Parallel()
+	v := loadVectors(t)
+	if len(v.RouterQueues) == 0 {
+		t.Fatal("no router_queues vectors")
+	}
+	_, c, kv := startMonitorKV(t, monOpt{})
+	const model = "Qwen/Qwen3-0.6B"
+	// Worker 7 keeps reporting: the model keeps its record.
+	worker := newPub(t, c, model, 7)
+	polls := 0
+	alive := func() {
+		if polls++; polls%10 == 1 {
+			worker.report(0, f("active_decode_blocks", 0, "kv_total_blocks", 100))
+		}
+	}
+	alive()
+	waitRecord(t, kv, model, "worker 7 free", func(r record) bool { return r.has("free", 7) })
+	for _, rv := range v.RouterQueues {
+		if rv.Valid && rv.Name != v.RouterQueues[0].Name {
+			continue // they share boot and seq: the first valid one stands for them
+		}
+		data, err := hex.DecodeString(rv.Hex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		publish(t, c.nc, rv.Subject, data)
+	}
+	r := waitRecord(t, kv, model, "router/r-1's three standard requests", func(r record) bool {
+		alive()
+		return r.queuedBy()["router/r-1"][0] == 3
+	})
+	if q, _ := r.m["queued"].(map[any]any); len(q) != 1 || len(r.queuedBy()) != 1 || r.u64("routers") != 1 {
+		t.Fatalf("queued %v, queued_by %v, routers %d; want the valid vector's only", r.m["queued"], r.queuedBy(), r.u64("routers"))
+	}
+	waitRecordFor(t, kv, model, "router/r-1's queue forgotten", 6*time.Second, func(r record) bool {
+		alive()
+		q, _ := r.m["queued"].(map[any]any)
+		return len(r.queuedBy()) == 0 && q != nil && len(q) == 0 && r.u64("routers") == 0
+	})
+}

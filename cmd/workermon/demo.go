@@ -10,8 +10,10 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,6 +56,12 @@ const (
 	// DefaultDemoPrefillThreshold is the demo's prefill threshold in tokens
 	// (queued prompts count as prefill in the simulator).
 	DefaultDemoPrefillThreshold = 1536
+	// DefaultDemoCriticalFraction is the demo monitor's --critical-fraction
+	// (serve's default is 1.1): docs/router.md's rule for an engine that
+	// takes KV blocks as requests decode, c at least a request's growth
+	// past the busy line, so that at a peak the workers do not all pass the
+	// hard line at once and critical requests keep getting through.
+	DefaultDemoCriticalFraction = 1.25
 	// DefaultDemoInterval is how often the live summary is printed.
 	DefaultDemoInterval = 2 * time.Second
 	// DefaultDemoPriorityMix is the priorities of the demo's requests
@@ -66,6 +74,9 @@ const (
 	DefaultDemoQueueMaxWait = 3 * time.Second
 	DefaultDemoQueueShare   = 0.5
 )
+
+// admissionMaxWait is the header a request shortens its wait with.
+const admissionMaxWait = router.MaxWaitHeader
 
 // demoOptions is everything `workermon demo` can be told.
 type demoOptions struct {
@@ -107,6 +118,7 @@ func defaultDemoOptions() demoOptions {
 		ActivePrefillTokens: events.Ptr[uint64](DefaultDemoPrefillThreshold),
 	}
 	o.serve.monitor.ReleaseMargin = DefaultDemoReleaseMargin
+	o.serve.monitor.CriticalFraction = DefaultDemoCriticalFraction
 	o.fleet.Workers, o.fleet.Ranks = DefaultDemoWorkers, DefaultDemoRanks
 	o.fleet.Engine.DecodeSpeed = DefaultDemoDecodeSpeed
 	o.load.MaxTokens = DefaultDemoMaxTokens
@@ -252,6 +264,34 @@ func (d *demo) Close(ctx context.Context) error {
 }
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	// `workermon demo | tee log` and Ctrl-C: the terminal interrupts the
+	// whole pipeline, tee is gone before the demo's last lines. Unasked,
+	// Go kills a process that writes to a closed stdout or stderr with
+	// SIGPIPE (exit 141), before any cleanup; asked for, the signal only
+	// reaches this channel and the write fails with EPIPE, which ends the
+	// demo below like an interrupt. The signal itself means nothing here
+	// (a socket whose client went away raises it too), so nothing reads
+	// it; it is taken until every part is closed. SIGHUP (the terminal
+	// closed) ends the demo like Ctrl-C.
+	pipe := make(chan os.Signal, 1)
+	signal.Notify(pipe, syscall.SIGPIPE)
+	defer signal.Stop(pipe)
+	ctx, stopHUP := signal.NotifyContext(ctx, syscall.SIGHUP)
+	defer stopHUP()
+	width := func() int { return DefaultDemoWidth }
+	if f, ok := stdout.(*os.File); ok {
+		width = func() int {
+			if cols, _ := terminalSize(f); cols > 0 {
+				return cols
+			}
+			return DefaultDemoWidth
+		}
+	}
+	ctx, endOutput := context.WithCancelCause(ctx)
+	defer endOutput(nil)
+	out := &endOnWriteError{w: stdout, end: endOutput}
+	stdout = out
+
 	o := defaultDemoOptions()
 	log, check, err := parseCommand("demo", args, stderr, nil, o.flags, &o.log)
 	if err != nil {
@@ -326,13 +366,48 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		case <-ctx.Done():
 			<-genDone
 			<-streaksDone
-			fmt.Fprintln(stdout, d.summary(gen))
+			if out.err != nil {
+				log.Warn("demo: stopping: stdout is closed", "err", out.err)
+			}
+			printLines(stdout, d.summary(gen).lines(width()))
+			if gen != nil {
+				printLines(stdout, demoTotals(gen.Stats(), width()))
+			}
 			fmt.Fprintln(stdout, "stopping: router, workers (goodbyes), monitor, NATS")
 			return nil
 		case <-tick.C:
-			fmt.Fprintln(stdout, d.summary(gen))
+			printLines(stdout, d.summary(gen).lines(width()))
 		}
 	}
+}
+
+func printLines(w io.Writer, lines []string) {
+	for _, l := range lines {
+		fmt.Fprintln(w, l)
+	}
+}
+
+// endOnWriteError passes writes on to w until one fails: that one calls end
+// with its error and every later write is dropped. A reader that went away
+// (`workermon demo | head`, or tee interrupted with the demo) so ends the
+// demo through its cleanup. Not safe for concurrent use.
+type endOnWriteError struct {
+	w   io.Writer
+	end context.CancelCauseFunc
+	err error // the first failure
+}
+
+func (e *endOnWriteError) Write(p []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(p)
+	if err != nil {
+		e.err = fmt.Errorf("demo: write the summary: %w", err)
+		e.end(e.err)
+		return n, e.err
+	}
+	return n, nil
 }
 
 func (d *demo) banner(w io.Writer, o demoOptions) {
@@ -341,55 +416,70 @@ func (d *demo) banner(w io.Writer, o demoOptions) {
 	fmt.Fprintf(w, `workermon demo — NATS, monitor, %d simulated workers × %d ranks, router and load, in one process
 
   NATS         %s
-  monitor API  http://%s/busy   http://%s/loads   http://%s/busy_threshold
+  monitor API  http://%s/busy  /loads  /busy_threshold  /slo
   metrics      http://%s/metrics   http://%s/metrics
-  router       http://%s/v1/completions  (OpenAI-compatible; 503 when every worker is busy)
-`, o.fleet.Workers, o.fleet.Ranks, d.monitor.natsURL, m, m, m, m, r, r)
+  router       http://%s/v1/completions  (OpenAI-compatible)
+`, o.fleet.Workers, o.fleet.Ranks, d.monitor.natsURL, m, m, r, r)
 	for _, wk := range d.fleet.Workers() {
 		fmt.Fprintf(w, "  worker %-4d  %s\n", wk.ID(), wk.Endpoint())
 	}
-	fmt.Fprintf(w, "\nthresholds: %s, release margin %g\n", thresholdsAttr(o.serve.monitor.Defaults), o.serve.monitor.ReleaseMargin)
+	mon := o.serve.monitor
+	fmt.Fprintf(w, "\nthresholds: %s, release margin %g, critical fraction %g\n",
+		thresholdsAttr(mon.Defaults), mon.ReleaseMargin, mon.CriticalFraction)
 	if !o.noLoad {
-		fmt.Fprintf(w, "load: %g → %g → %g requests/s every %v\n", o.load.MinRPS, o.load.MaxRPS, o.load.MinRPS, o.load.Period)
+		fmt.Fprintf(w, "load: %g → %g → %g requests/s every %v, priorities %s\n",
+			o.load.MinRPS, o.load.MaxRPS, o.load.MinRPS, o.load.Period, o.mix)
 	}
-	if q := o.router.router.QueueMaxWait; q > 0 {
-		fmt.Fprintf(w, "queue: up to %v for %.0f%% of the load (http://%s/queues); the rest sends %s: 0 and meets the 503\n",
-			q, 100*o.queueShare, r, router.MaxWaitHeader)
-	}
+	fmt.Fprint(w, demoAnswers(o.router.router.QueueMaxWait, o.queueShare, r, o.fleet.Model))
 	fmt.Fprintf(w, "try: go run ./cmd/workermon status --monitor-url http://%s\nCtrl-C to stop.\n\n", m)
 }
 
-// summary renders one line: the load, what the router answered, and the
-// busy set as the router sees it.
-func (d *demo) summary(gen *loadgen.Generator) string {
+// demoAnswers says what the demo's router answers a request when every
+// worker is busy, and how to see each answer for oneself.
+func demoAnswers(queueMaxWait time.Duration, queueShare float64, router, model string) string {
 	var b strings.Builder
+	if queueMaxWait > 0 {
+		fmt.Fprintf(&b, `every worker busy: a request waits up to %v in the router's queue, then gets
+  200 if a worker frees in time, else 429; sent with %s: 0, the 503 at once.
+  %.0f%% of the load may wait, the rest sends %s: 0.
+  queued now: http://%s/queues
+`, queueMaxWait, admissionMaxWait, 100*queueShare, admissionMaxWait, router)
+	} else {
+		b.WriteString("every worker busy: the router answers 503 at once.\n")
+	}
+	fmt.Fprintf(&b, `  X-Workermon-Priority: -1 (sheddable) gets 429 as the workers near their thresholds;
+  1 (critical) may still go to busy workers below the critical fraction. Each answer:
+  curl -si http://%s/v1/completions -H '%s: 0' \
+    -d '{"model":%q,"prompt":"hi","max_tokens":8}'
+`, router, admissionMaxWait, model)
+	return b.String()
+}
+
+// summary gathers what the summary shows now.
+func (d *demo) summary(gen *loadgen.Generator) demoSummary {
+	s := demoSummary{model: d.model, reschedule: d.reschedule}
 	if gen != nil {
-		s := gen.Stats()
-		win := s.Window
-		secs := max(win.Duration.Seconds(), 0.001)
-		fmt.Fprintf(&b, "t=%3.0fs target %5.1f/s | 200 %5.1f/s  503 %5.1f/s  err %4.1f/s | p50 %5s p99 %5s | ",
-			s.Elapsed.Seconds(), s.TargetRPS, float64(win.OK)/secs, float64(win.Unavailable)/secs,
-			float64(win.Errors+win.OtherStatus)/secs, round(win.Latency.P50), round(win.Latency.P99))
+		st := gen.Stats()
+		s.load = &st
 	}
 	rec, _, ok := d.router.watcher.Record(d.model)
 	if !ok {
-		fmt.Fprintf(&b, "%s: no record yet", d.model)
-		return b.String()
-	}
-	if gen != nil {
-		b.WriteString(classesCell(gen.Stats().Classes))
+		return s
 	}
 	now := time.Now()
-	fmt.Fprintf(&b, "%s busy %v hard %v free %v amber %v stale %v | all_busy changes %g | %s", d.model, rec.Busy, rec.Hard,
-		rec.Free, rec.Amber, rec.Stale, promreg.Sum(d.monitor.reg, "workermon_all_busy_changes_total"), d.streaks.cell(now))
-	if d.reschedule {
-		fmt.Fprintf(&b, " | migrated %g", promreg.Sum(d.monitor.reg, "workermon_rescheduler_migrated_requests_total"))
+	s.record = true
+	s.busy, s.hard, s.free, s.amber, s.stale = rec.Busy, rec.Hard, rec.Free, rec.Amber, rec.Stale
+	if !rec.Thresholds.IsZero() {
+		s.saturation = &rec.Saturation
 	}
-	fmt.Fprintf(&b, " | queued %g", promreg.Sum(d.routerReg, "workermon_router_queue_depth"))
-	if d.allBusy() {
-		fmt.Fprintf(&b, "  ALL BUSY %.1fs → 503", d.streaks.current(now).Seconds())
+	s.changes = promreg.Sum(d.monitor.reg, "workermon_all_busy_changes_total")
+	s.streaks = d.streaks.cell(now)
+	s.migrated = promreg.Sum(d.monitor.reg, "workermon_rescheduler_migrated_requests_total")
+	s.queued = promreg.Sum(d.routerReg, "workermon_router_queue_depth")
+	if s.allBusy = d.allBusy(); s.allBusy {
+		s.allBusyFor = d.streaks.current(now)
 	}
-	return b.String()
+	return s
 }
 
 // noWaitTransport sends a share of the requests with
@@ -417,23 +507,6 @@ func (t *noWaitTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		r.Header.Set(router.MaxWaitHeader, "0")
 	}
 	return t.base.RoundTrip(r)
-}
-
-// classesCell renders the recent answers by priority class, per second:
-// "200/429/503 sheddable 3.1/2.0/0 standard 4.0/0/0 critical 1.0/0/0 | ".
-func classesCell(classes []loadgen.ClassStats) string {
-	if len(classes) == 0 {
-		return ""
-	}
-	var b strings.Builder
-	b.WriteString("200/429/503")
-	for _, c := range classes {
-		w := c.Window
-		secs := max(w.Duration.Seconds(), 0.001)
-		fmt.Fprintf(&b, " %s %.1f/%.1f/%.1f", c.Class, float64(w.OK)/secs, float64(w.TooMany)/secs, float64(w.Unavailable)/secs)
-	}
-	b.WriteString(" | ")
-	return b.String()
 }
 
 func round(d time.Duration) string {

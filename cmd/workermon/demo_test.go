@@ -112,7 +112,7 @@ func TestDemoCommandRuns(t *testing.T) {
 	if !strings.HasPrefix(out.String(), "board: http://127.0.0.1:") {
 		t.Errorf("the banner does not begin with the board's URL:\n%s", out.String())
 	}
-	for _, want := range []string{"monitor API", "router", "worker 1", "Qwen/Qwen3-0.6B busy", "all_busy changes", "| migrated ", "stopping"} {
+	for _, want := range []string{"monitor API", "router", "worker 1", "Qwen/Qwen3-0.6B busy", "all_busy changes", "migrated ", "stopping"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
@@ -193,12 +193,12 @@ poll:
 	// The peak shows both faces of the router (contract §17): requests
 	// waiting in its queue while the rest meet the all-busy 503.
 	both := false
-	for line := range strings.Lines(out.String()) {
-		_, q, ok := strings.Cut(line, "| queued ")
-		if !ok || !strings.Contains(line, "ALL BUSY") {
+	for _, summary := range demoSummaries(out.String()) {
+		_, q, ok := strings.Cut(summary, "| queued ")
+		if !ok || !strings.Contains(summary, "ALL BUSY") {
 			continue
 		}
-		_, r, _ := strings.Cut(line, " 503 ")
+		_, r, _ := strings.Cut(summary, " 503 ")
 		if n, err := strconv.Atoi(strings.Fields(q)[0]); err == nil && n > 0 && !strings.HasPrefix(strings.TrimSpace(r), "0.0/s") {
 			both = true
 		}
@@ -206,6 +206,22 @@ poll:
 	if !both {
 		t.Errorf("no summary line shows requests queued and 503s answered at once:\n%s", out.String())
 	}
+}
+
+// demoSummaries splits the demo's output into its summaries, each the
+// lines from one "t=" line to the next, joined with " | ".
+func demoSummaries(out string) []string {
+	var all []string
+	for line := range strings.Lines(out) {
+		line = strings.TrimRight(line, "\n")
+		switch {
+		case strings.HasPrefix(line, "t="):
+			all = append(all, line)
+		case strings.HasPrefix(line, demoIndent) && len(all) > 0:
+			all[len(all)-1] += " | " + strings.TrimPrefix(line, demoIndent)
+		}
+	}
+	return all
 }
 
 // boardAllBusy reads a board snapshot and reports whether its first model

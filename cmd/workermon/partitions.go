@@ -73,13 +73,15 @@ func (in *intake) source() monitor.Source[*nats.Msg] {
 }
 
 // subjects are what partition p's subscriptions listen to: with one
-// partition the load, bye and est subjects under the prefix (not the
-// rescheduler's migrate requests, §12), else the mapped subjects of p.
+// partition the load, bye, est, lat, latr and rq subjects under the prefix
+// (not the rescheduler's migrate requests, §12), else the mapped subjects
+// of p.
 // Reports and goodbyes keep one publisher's order: one connection delivers
 // them, in order, into one channel.
 func (in *intake) subjects(p int) []string {
 	if in.parts == 1 {
-		return []string{in.prefix + ".load.>", in.prefix + ".bye.>", in.prefix + ".est.>", in.prefix + ".lat.>", in.prefix + ".latr.>"}
+		return []string{in.prefix + ".load.>", in.prefix + ".bye.>", in.prefix + ".est.>", in.prefix + ".lat.>", in.prefix + ".latr.>",
+			in.prefix + ".rq.>"}
 	}
 	return []string{events.PartitionWildcard(in.prefix, p)}
 }
@@ -164,7 +166,7 @@ func (in *intake) watchPlain() error {
 	if in.parts == 1 {
 		return nil
 	}
-	for _, kind := range []string{"load", "bye", "est", "lat", "latr"} {
+	for _, kind := range []string{"load", "bye", "est", "lat", "latr", "rq"} {
 		subject := in.prefix + "." + kind + ".>"
 		sub, err := in.nc.Subscribe(subject, in.onPlain)
 		if err != nil {

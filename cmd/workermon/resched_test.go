@@ -84,7 +84,7 @@ func runClosedLoop(t testing.TB, lo loopOptions) loopResult {
 		if lo.reschedule {
 			o.resched.interval = 250 * time.Millisecond
 			o.resched.timeout = 200 * time.Millisecond
-			o.resched.maxRequests = 1
+			o.resched.planner.MaxRequests = 1
 			o.resched.planner.Cooldown = 500 * time.Millisecond
 			o.resched.planner.BalanceGap = 0.05
 		}

@@ -16,9 +16,13 @@ import (
 	"github.com/workermon/workermon/resched/dispatch"
 )
 
-// Rescheduler defaults (contract §12).
+// Rescheduler defaults (contract §12; the planner's are resched's).
 const (
-	DefaultReschedulingMaxRequests = 1
+	// RecommendedReschedulingInterval is the round interval the docs
+	// recommend when turning the rescheduler on, and what the planner's
+	// defaults were measured with (docs/rescheduler.md); the flag's
+	// default stays 0, off.
+	RecommendedReschedulingInterval = 200 * time.Millisecond
 	// DefaultReschedulingTimeout is how long a migrate request waits for an
 	// engine's answer when --rescheduling-timeout is unset, cut to half of
 	// --rescheduling-interval when that is shorter.
@@ -29,9 +33,8 @@ const (
 // reschedOptions are the flags of cordons' and the rescheduler's part of
 // `workermon serve`.
 type reschedOptions struct {
-	interval    time.Duration // 0: off
-	maxRequests uint64
-	timeout     time.Duration
+	interval time.Duration // 0: off
+	timeout  time.Duration
 	// timeoutSet says the operator set --rescheduling-timeout: only then is
 	// a timeout not below the interval refused.
 	timeoutSet bool
@@ -39,19 +42,20 @@ type reschedOptions struct {
 }
 
 func defaultReschedOptions() reschedOptions {
-	return reschedOptions{maxRequests: DefaultReschedulingMaxRequests, timeout: DefaultReschedulingTimeout,
-		planner: resched.DefaultConfig()}
+	return reschedOptions{timeout: DefaultReschedulingTimeout, planner: resched.DefaultConfig()}
 }
 
 func (o *serveOptions) reschedFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.monitor.ReleaseMargin, "release-margin", o.monitor.ReleaseMargin,
 		"hysteresis in [0, 1): a busy rank turns free only at or below (1 − margin) × each threshold that made it busy (0: off)")
 	r := &o.resched
-	fs.DurationVar(&r.interval, "rescheduling-interval", r.interval, "run a rescheduling round this often (0: off)")
+	fs.DurationVar(&r.interval, "rescheduling-interval", r.interval,
+		"run a rescheduling round this often (0: off; "+RecommendedReschedulingInterval.String()+" recommended)")
 	fs.Float64Var(&r.planner.BalanceGap, "balance-gap", r.planner.BalanceGap,
-		"decode_load moves work from workers above the model's mean KV usage + gap to workers below mean − gap")
+		"decode_load moves work from workers above the model's mean (projected) KV usage + gap to workers below mean − gap")
 	fs.DurationVar(&r.planner.Cooldown, "rescheduling-cooldown", r.planner.Cooldown, "a worker rests this long after a migration")
-	fs.Uint64Var(&r.maxRequests, "rescheduling-max-requests", r.maxRequests, "running requests one migrate request asks an engine to cut")
+	fs.Uint64Var(&r.planner.MaxRequests, "rescheduling-max-requests", r.planner.MaxRequests,
+		"at most this many running requests one migrate request asks an engine to cut (a decode_load pair asks for as many as close the gap; a failover pair this many)")
 	fs.Var(setDuration{&r.timeout, &r.timeoutSet}, "rescheduling-timeout",
 		"wait this long for an engine's answer to a migrate request (unset: 1s, or half of --rescheduling-interval when that is shorter)")
 }
@@ -69,13 +73,10 @@ func (r reschedOptions) effectiveTimeout() time.Duration {
 func (r reschedOptions) validate() []error {
 	var errs []error
 	if err := r.planner.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("serve: --balance-gap/--rescheduling-cooldown: %w", err))
+		errs = append(errs, fmt.Errorf("serve: --balance-gap/--rescheduling-cooldown/--rescheduling-max-requests: %w", err))
 	}
 	if r.interval < 0 {
 		errs = append(errs, fmt.Errorf("serve: --rescheduling-interval %v must not be negative", r.interval))
-	}
-	if r.maxRequests == 0 {
-		errs = append(errs, errors.New("serve: --rescheduling-max-requests must be at least 1"))
 	}
 	timeout := r.effectiveTimeout()
 	if timeout <= 0 {
@@ -163,7 +164,7 @@ type reschedulerReply struct {
 func (svc *service) startRescheduler(o serveOptions) (func() any, error) {
 	r := o.resched
 	reply := reschedulerReply{Enabled: r.interval > 0, BalanceGap: r.planner.BalanceGap,
-		Cooldown: r.planner.Cooldown.String(), MaxRequests: r.maxRequests, Rounds: []dispatch.Round{}}
+		Cooldown: r.planner.Cooldown.String(), MaxRequests: r.planner.MaxRequests, Rounds: []dispatch.Round{}}
 	if r.interval <= 0 {
 		return func() any { return reply }, nil
 	}
@@ -173,7 +174,7 @@ func (svc *service) startRescheduler(o serveOptions) (func() any, error) {
 		return nil, err
 	}
 	d, err := dispatch.New(dispatch.Config{Conn: svc.nc, Prefix: o.monitor.SubjectPrefix, Interval: r.interval,
-		MaxRequests: r.maxRequests, Timeout: r.effectiveTimeout(), Planner: planner, Source: reschedSource{svc},
+		MaxRequests: r.planner.MaxRequests, Timeout: r.effectiveTimeout(), Planner: planner, Source: reschedSource{svc},
 		History: reschedulingHistory, Logger: svc.log.With("component", "rescheduler"), Registerer: svc.reg})
 	if err != nil {
 		return nil, err

@@ -162,7 +162,9 @@ func (o routerOptions) validate() error {
 	if o.pick != pickInFlight && o.pick != pickLeastPotential {
 		errs = append(errs, fmt.Errorf("router: --pick %q must be %s or %s", o.pick, pickInFlight, pickLeastPotential))
 	}
-	if o.estimates.publish {
+	// The estimates (--publish) and the queue reports (--queue-max-wait,
+	// contract §22) go out under the source router/<router-id>.
+	if o.estimates.publish || o.router.QueueMaxWait > 0 {
 		if err := validTrackerID(o.router.RouterID); err != nil {
 			errs = append(errs, fmt.Errorf("router: --router-id: %w", err))
 		}
@@ -217,6 +219,9 @@ type routerService struct {
 	board    *board.Board
 	// stopLatency stops the latency windows (contract §18).
 	stopLatency func()
+	// stopQueueReports stops the queue reports (contract §22), once the
+	// last of them went out.
+	stopQueueReports func()
 	// failed receives the server check's refusal (contract §14) of a
 	// server first reached after the start: it ends the command. It is
 	// nil when the server was checked at start.
@@ -305,6 +310,7 @@ func startRouter(o routerOptions, log *slog.Logger, reg *prometheus.Registry) (_
 		return nil, err
 	}
 	svc.stopLatency = startRouterLatency(svc.router, svc.nc, o.estimates.subjectPrefix, log)
+	svc.stopQueueReports = startQueueReports(svc.router, svc.nc, o.estimates.subjectPrefix, log)
 	if svc.board, err = startBoard(&board.RouterSource{BusyList: svc.watcher, Registry: svc.registry, Tracker: tracker,
 		Counts: board.GatheredCounts(reg), Queues: board.GatheredQueues(reg), ID: cfg.RouterID}, log, reg); err != nil {
 		return nil, err
@@ -324,6 +330,19 @@ func startRouter(o routerOptions, log *slog.Logger, reg *prometheus.Registry) (_
 		"migration_limit", cfg.MigrationLimit, "queue_max_wait", cfg.QueueMaxWait, "queue_max_requests", cfg.QueueMaxRequests,
 		"queue_max_bytes", cfg.QueueMaxBytes, "queue_pace", cfg.QueuePace, "publish", o.estimates.publish, "pick", o.pick)
 	return svc, nil
+}
+
+// startQueueReports publishes the router's queues (contract §22) on a
+// loop of its own, with flow control on; the function it returns stops the
+// loop once its last reports went out.
+func startQueueReports(rt *router.Router, nc *nats.Conn, prefix string, log *slog.Logger) func() {
+	stop, done := goLoop(func(ctx context.Context) error {
+		return rt.RunQueueReports(ctx, prefix, nc.Publish)
+	}, log, "queue reports")
+	return func() {
+		stop()
+		<-done
+	}
 }
 
 // checkLateServer waits for the first connection and checks its server
@@ -364,6 +383,11 @@ func (svc *routerService) Close(ctx context.Context) error {
 		}
 		if svc.router != nil {
 			_ = svc.router.Close()
+		}
+		// After the router's close has emptied the queues: the last
+		// reports say so.
+		if svc.stopQueueReports != nil {
+			svc.stopQueueReports()
 		}
 		// The estimates' goodbyes go out before the connection closes.
 		svc.slots.stop()

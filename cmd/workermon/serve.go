@@ -113,6 +113,8 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.IntVar(&o.monitor.MaxModels, "max-models", o.monitor.MaxModels, "most models tracked; reports of more are rejected")
 	fs.IntVar(&o.monitor.MaxWorkersPerModel, "max-workers-per-model", o.monitor.MaxWorkersPerModel, "most workers tracked per model")
 	fs.IntVar(&o.monitor.MaxSourcesPerWorker, "max-sources-per-worker", o.monitor.MaxSourcesPerWorker, "most sources tracked per worker")
+	fs.IntVar(&o.monitor.MaxRoutersPerModel, "max-routers-per-model", o.monitor.MaxRoutersPerModel,
+		"most routers whose queues (rq subjects) are kept per model")
 	fs.IntVar(&o.monitor.MaxRanksPerWorker, "max-ranks-per-worker", o.monitor.MaxRanksPerWorker, "largest dp_size a report may declare")
 	fs.StringVar(&o.adminToken, "admin-token", o.adminToken, "bearer token required to change thresholds and cordons (unset: anyone can)")
 	o.reschedFlags(fs)

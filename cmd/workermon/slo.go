@@ -197,7 +197,7 @@ func startSLO(o sloOptions, js jetstream.JetStream, replicas, partitions int, mo
 
 // apiConfig hands the SLO pieces to the API.
 func (p *sloParts) apiConfig(c *api.Config) {
-	c.SLOs, c.OnSLOChange = p.store, p.controller.SetSLO
+	c.SLOs, c.OnSLOChange, c.Observed = p.store, p.controller.SetSLO, p.controller.Observed
 }
 
 // run runs the watcher and the controller until ctx ends.
@@ -277,6 +277,9 @@ func runSLO(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return apiError(err)
 	}
+	if sub == "set" {
+		warnBelowObserved(stderr, rows[0])
+	}
 	if o.json {
 		return printJSON(stdout, reply)
 	}
@@ -285,6 +288,33 @@ func runSLO(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return nil
 	}
 	return printSLOs(stdout, rows)
+}
+
+// warnBelowObserved warns on w about each target of r below the best the
+// model's fleet has shown at its percentile (the reply's observed): the
+// SLO is set, but the controller will likely lower the thresholds to the
+// floor of their range and call the target infeasible.
+func warnBelowObserved(w io.Writer, r api.SLOReply) {
+	for _, s := range []struct {
+		name, flag string
+		target     *float64
+		floor      func(float64) (ms, at float64, ok bool)
+	}{
+		{"TTFT", "--ttft-ms", r.TTFTms, r.Observed.TTFTFloor},
+		{"ITL", "--itl-ms", r.ITLms, r.Observed.ITLFloor},
+	} {
+		if s.target == nil {
+			continue
+		}
+		best, at, ok := s.floor(r.Percentile)
+		if !ok || *s.target >= best {
+			continue
+		}
+		fmt.Fprintf(w, "workermon slo: warning: %s %g is below the best %s model %q has shown: p%g %.1f ms, the lowest "+
+			"of %d windows; the SLO is set, but the controller may lower the thresholds to the floor of their range "+
+			"and report the target infeasible (docs/slo.md)\n",
+			s.flag, *s.target, s.name, r.Model, at*100, best, r.Observed.Windows)
+	}
 }
 
 // optionalFloat is a float flag that remembers whether it was given.

@@ -156,3 +156,57 @@ func TestSLOCommand(t *testing.T) {
 		t.Fatalf("slo delete: %d %s %s", code, out, errOut)
 	}
 }
+
+// TestSLOSetWarnsBelowObserved: `workermon slo set` with a target below
+// the best the model's fleet has shown (here every ITL sample is 60 ms)
+// sets the SLO, exits 0 and warns on stderr; a target the fleet has met
+// does not warn, and GET /slo shows the observed latency.
+func TestSLOSetWarnsBelowObserved(t *testing.T) {
+	t.Parallel()
+	svc := testService(t, func(o *serveOptions) {
+		longLived(o)
+		o.adminToken = e2eToken
+		o.slo.interval = 100 * time.Millisecond
+	})
+	nc, _ := connect(t, svc.natsURL)
+	publishReport(t, nc, e2eModel, 7, 50, 100)
+	knownBy(t, svc, e2eModel)
+	base := []string{"--monitor-url", "http://" + svc.httpAddr, "--admin-token", e2eToken, "--model", e2eModel}
+	set := func(args ...string) (int, string, string) {
+		return runSLOCmd(t, append(append([]string{"slo", "set"}, base...), args...)...)
+	}
+	// A loose target, in shadow, until the monitor has a window of the
+	// fleet's ITL.
+	if code, out, errOut := set("--itl-ms", "1000", "--mode", "shadow"); code != 0 || errOut != "" {
+		t.Fatalf("slo set: %d %s %s", code, out, errOut)
+	}
+	var reply struct {
+		Observed *struct {
+			Windows uint64             `json:"windows"`
+			ITLms   map[string]float64 `json:"itl_ms"`
+		} `json:"observed"`
+	}
+	natstest.WaitFor(t, 10*time.Second, "the fleet's ITL observed", func() bool {
+		publishLatency(t, nc, e2eModel, 7, 100, 60, 0)
+		code, _, body := call(t, svc, "GET", "/slo?model="+e2eModel, "", "")
+		return code == http.StatusOK && json.Unmarshal(body, &reply) == nil && reply.Observed != nil && reply.Observed.ITLms["p90"] > 0
+	})
+	if p90 := reply.Observed.ITLms["p90"]; p90 < 55 || p90 > 66 {
+		t.Errorf("observed ITL p90 %v ms, want about 60", p90)
+	}
+
+	code, out, errOut := set("--itl-ms", "50", "--mode", "shadow")
+	if code != 0 || !strings.Contains(out, "shadow") {
+		t.Fatalf("slo set below the observed: exit %d, want 0 and the SLO set: %s %s", code, out, errOut)
+	}
+	if !strings.Contains(errOut, "warning: --itl-ms 50 is below the best ITL") || !strings.Contains(errOut, "p90") {
+		t.Errorf("no warning on stderr for a target below the fleet's best: %q", errOut)
+	}
+	code, out, _ = runSLOCmd(t, "slo", "get", "--json", "--monitor-url", "http://"+svc.httpAddr, "--model", e2eModel)
+	if code != 0 || !strings.Contains(out, `"itl_ms": 50`) {
+		t.Errorf("the SLO is not set after the warning: %d %s", code, out)
+	}
+	if code, _, errOut = set("--itl-ms", "80", "--mode", "shadow"); code != 0 || errOut != "" {
+		t.Errorf("a target the fleet meets: exit %d, stderr %q; want 0 and nothing", code, errOut)
+	}
+}

@@ -6,12 +6,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/workermon/workermon/api"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/redact"
 	"github.com/workermon/workermon/natsconn"
 	"github.com/workermon/workermon/watch"
 )
@@ -22,8 +25,11 @@ type watchOptions struct {
 	nats    natsconn.Config
 	model   string
 	plain   bool
-	watch   watch.Config
-	log     logOptions
+	// monitorURL, when set, is the monitor's API whose GET /loads gives
+	// the workers' leading values (contract §21).
+	monitorURL string
+	watch      watch.Config
+	log        logOptions
 }
 
 func defaultWatchOptions() watchOptions {
@@ -39,6 +45,8 @@ func (o *watchOptions) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.plain, "plain", o.plain, "one line per change even on a terminal (the default when the output is not one)")
 	fs.DurationVar(&o.watch.StaleAfter, "stale-list-after", o.watch.StaleAfter,
 		"on the screen, mark a record not written for this long stale, as the routers do")
+	fs.StringVar(&o.monitorURL, "monitor-url", o.monitorURL,
+		"base URL of a monitor's API (e.g. "+DefaultMonitorURL+"): read its GET /loads every second to show each worker's queue delay, prefill and preemption rates; empty: the bucket alone")
 	o.log.flags(fs)
 }
 
@@ -58,6 +66,9 @@ func (o *watchOptions) validate() error {
 	if err := w.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("--stale-list-after: %w", err))
 	}
+	if _, err := o.loadsClient(); err != nil {
+		errs = append(errs, err)
+	}
 	o.nats.URL = o.natsURL
 	errs = append(errs, o.nats.Validate())
 	if err := errors.Join(errs...); err != nil {
@@ -65,6 +76,25 @@ func (o *watchOptions) validate() error {
 	}
 	return nil
 }
+
+// loadsClient returns the client of the monitor's API given by
+// --monitor-url, nil without one. GET /loads needs no admin token; a URL's
+// credentials are hidden in every error (the client redacts).
+func (o *watchOptions) loadsClient() (*api.Client, error) {
+	if o.monitorURL == "" {
+		return nil, nil
+	}
+	c, err := api.NewClient(o.monitorURL, "", &http.Client{Timeout: o.watch.LoadsTimeout})
+	if err != nil {
+		return nil, fmt.Errorf("--monitor-url: %w", err)
+	}
+	return c, nil
+}
+
+// watchLoadsHint is the screen's line, without --monitor-url, that says
+// how to get the leading values.
+const watchLoadsHint = "queue delay, prefill and preemption rates per worker: add --monitor-url " + DefaultMonitorURL +
+	" (the monitor's API) or set " + envPrefix + "MONITOR_URL"
 
 // jetstreamStandIn stands for the watch's JetStream before it connects.
 type jetstreamStandIn struct{ jetstream.JetStream }
@@ -103,6 +133,15 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg.JetStream, cfg.Out, cfg.Model = js, stdout, o.model
 	cfg.Logger = log.With("component", "watch")
 	cfg.Header = natsconn.ConnectedURL(nc) + " (nats-server " + nc.ConnectedServerVersion() + ")"
+	c, err := o.loadsClient()
+	if err != nil {
+		return err // validated above
+	}
+	if c != nil {
+		cfg.Loads, cfg.LoadsFrom = c.Loads, redact.URL(o.monitorURL)
+	} else {
+		cfg.Hint = watchLoadsHint
+	}
 	if f, ok := stdout.(*os.File); ok && !o.plain && isTerminal(f) && os.Getenv("TERM") != "dumb" {
 		cfg.Mode = watch.Screen
 		// https://no-color.org: a set NO_COLOR turns colours off.

@@ -2,8 +2,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"net"
+	"net/http"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +23,9 @@ import (
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/kvbucket"
 	"github.com/workermon/workermon/internal/natstest"
+	"github.com/workermon/workermon/internal/redact"
 	"github.com/workermon/workermon/internal/syncbuf"
+	"github.com/workermon/workermon/monitor"
 	"github.com/workermon/workermon/natsconn"
 )
 
@@ -141,11 +149,15 @@ func TestWatchUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"--model", strings.Repeat("m", 257)},
 		{"--nats-url", "ftp://x"},
+		{"--monitor-url", "ftp://admin:s3cret-pass@x"},
 		{"extra"},
 	} {
 		err := runWatch(t.Context(), args, &syncbuf.Buffer{}, &syncbuf.Buffer{})
 		if !errors.Is(err, errUsage) {
 			t.Errorf("%v: %v, want a usage error", args, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cret-pass") {
+			t.Errorf("%v: the error shows the password: %v", args, err)
 		}
 	}
 }
@@ -248,4 +260,115 @@ func TestWatchComposeUsers(t *testing.T) {
 			t.Errorf("watch ended with %v\n%s", err, errOut.String())
 		}
 	})
+}
+
+// TestWatchLeadingValues runs `workermon watch --monitor-url` against a
+// real monitor (`serve` in process): each line of a change carries the
+// workers' leading values as GET /loads serves them, "–" for a worker
+// whose engine sends no counters (never 0). A monitor URL that cannot be
+// reached is logged once, with its credentials hidden, and the watch goes
+// on with the bucket.
+func TestWatchLeadingValues(t *testing.T) {
+	t.Parallel()
+	svc := testService(t, func(o *serveOptions) { longLived(o); o.adminToken = e2eToken })
+	nc, _ := connect(t, svc.natsURL)
+
+	// Worker 1 sends no counters: its values stay unknown. Worker 2 has
+	// 4000 tokens waiting and computes 250 every 50 ms or slower (at most
+	// 5000 tokens/s), with a preemption every third report.
+	w1 := &leadingPub{t: t, nc: nc, worker: 1}
+	w1.send(events.LoadReport{ActiveDecodeBlocks: events.Some(10)})
+	w2 := &leadingPub{t: t, nc: nc, worker: 2}
+	var prefilled uint64
+	for i := range 20 {
+		w2.send(events.LoadReport{ActiveDecodeBlocks: events.Some(10), ActivePrefillTokens: events.Some(4000),
+			PrefilledTokens: events.Some(prefilled), Preemptions: events.Some(uint64(i / 3))})
+		prefilled += 250
+		time.Sleep(50 * time.Millisecond) // pacing the engine, not waiting for an outcome
+	}
+	natstest.WaitFor(t, 10*time.Second, "worker 2's queue delay and preemption rate in GET /loads", func() bool {
+		code, _, body := call(t, svc, "GET", "/loads?model="+e2eModel, "", "")
+		var reply struct{ Loads []monitor.LoadRow }
+		if code != http.StatusOK || json.Unmarshal(body, &reply) != nil {
+			return false
+		}
+		return slices.ContainsFunc(reply.Loads, func(r monitor.LoadRow) bool {
+			return r.WorkerID == 2 && r.QueueDelayMs != nil && r.PreemptionRate != nil
+		})
+	})
+
+	run := func(args ...string) (*syncbuf.Buffer, *syncbuf.Buffer) {
+		var out, errOut syncbuf.Buffer
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() {
+			done <- runWatch(ctx, append([]string{"--nats-url", svc.natsURL, "--model", e2eModel}, args...), &out, &errOut)
+		}()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("watch %v ended with %v\n%s", args, err, errOut.String())
+			}
+		})
+		return &out, &errOut
+	}
+	out, errOut := run("--monitor-url", "http://"+svc.httpAddr)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := ln.Addr().String()
+	ln.Close()
+	badOut, badErr := run("--monitor-url", "http://admin:s3cret-pass@"+refused)
+
+	// A line is written on a change of the record: flip worker 2 between
+	// busy for queue_delay and free until a line carries the values the
+	// watch read (its first line may come before its first reading).
+	leading := regexp.MustCompile(`queue_delay=\[1:– 2:(\d+ms|\d+(\.\d)?s)\] prefill_rate=\[1:– 2:(\d+)tok/s\] preemption_rate=\[1:– 2:\d+\.\d\d/s\]$`)
+	var match []string
+	flips, seen := 0, 0
+	natstest.WaitFor(t, 20*time.Second, "a line with worker 2's leading values", func() bool {
+		lines := out.Lines()
+		for _, l := range lines {
+			if match = leading.FindStringSubmatch(l); match != nil {
+				return true
+			}
+		}
+		if len(lines) > seen { // the last flip is written: flip again
+			seen = len(lines)
+			flips++
+			body := `{"model":"` + e2eModel + `","queue_delay_threshold_ms":null}`
+			if flips%2 == 1 {
+				body = `{"model":"` + e2eModel + `","queue_delay_threshold_ms":1}`
+			}
+			if code, _, reply := call(t, svc, "POST", "/busy_threshold", e2eToken, body); code != http.StatusOK {
+				t.Fatalf("POST /busy_threshold %s = %d %s", body, code, reply)
+			}
+		}
+		return false
+	})
+	t.Logf("the line: %s", match[0])
+	if rate, err := strconv.Atoi(match[3]); err != nil || rate <= 0 || rate > 5050 {
+		t.Errorf("worker 2's prefill rate on the line is %q, want 1 to 5000 tokens/s: %s", match[3], match[0])
+	}
+	if strings.Contains(errOut.String(), "cannot read the monitor's loads") {
+		t.Errorf("the watch of a live monitor logged a failure:\n%s", errOut.String())
+	}
+
+	// The unreachable monitor: the lines go on with unknown values, one
+	// log says why, and the password is nowhere.
+	natstest.WaitFor(t, 10*time.Second, "the unreachable monitor logged", func() bool {
+		return strings.Contains(badErr.String(), "cannot read the monitor's loads")
+	})
+	natstest.WaitFor(t, 10*time.Second, "a line of the watch of the unreachable monitor", func() bool {
+		return slices.ContainsFunc(badOut.Lines(), func(l string) bool {
+			return strings.HasSuffix(l, "queue_delay=[1:– 2:–] prefill_rate=[1:– 2:–] preemption_rate=[1:– 2:–]")
+		})
+	})
+	if n := strings.Count(badErr.String(), "cannot read the monitor's loads"); n != 1 {
+		t.Errorf("%d failure logs, want 1:\n%s", n, badErr.String())
+	}
+	if s := badErr.String() + badOut.String(); strings.Contains(s, "s3cret-pass") || !strings.Contains(s, "admin:"+redact.Mark+"@") {
+		t.Errorf("the monitor URL's password is not hidden:\n%s", s)
+	}
 }

@@ -704,32 +704,38 @@ func TestNATSMappings(t *testing.T) {
 	}
 }
 
-// TestPrefillThresholdRefused: a prefill threshold that is not a whole
-// number of tokens is refused — by the render for a number, by the
-// monitor's --check for a string — as docs/kubernetes.md promises. The
-// chart turned any string into int64 0 (busy at the first prefill token,
-// §5), which --check accepted.
+// TestPrefillThresholdRefused: a prefill threshold (or a queue-delay
+// threshold) that is not a whole number of tokens (milliseconds) is
+// refused — by the render for a number, by the monitor's --check for a
+// string — as docs/kubernetes.md promises. The chart turned any string
+// into int64 0 (busy at the first prefill token, §5), which --check
+// accepted.
 func TestPrefillThresholdRefused(t *testing.T) {
-	for _, v := range []any{"1.5", "1e6", "512k", 1.5} {
-		t.Run(fmt.Sprint(v), func(t *testing.T) {
-			r, err := render(t, chartDir, readValues(t, "", map[string]any{"monitor.thresholds.activePrefillTokens": v}))
-			if err != nil {
-				return // refused at render
-			}
-			if errs := checkContainers(t, r); len(errs) > 0 {
-				return // refused by --check
-			}
-			d, _ := r.find("Deployment", releaseName+"-workermon-monitor").(*appsv1.Deployment)
-			t.Errorf("activePrefillTokens %q accepted; the monitor runs with %q", v, d.Spec.Template.Spec.Containers[0].Args)
-		})
-	}
-	r, err := render(t, chartDir, readValues(t, "", map[string]any{"monitor.thresholds.activePrefillTokens": 1048576}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, _ := r.find("Deployment", releaseName+"-workermon-monitor").(*appsv1.Deployment)
-	if args := d.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--active-prefill-tokens-threshold=1048576") {
-		t.Errorf("a whole number renders %q", args)
+	for key, flag := range map[string]string{
+		"monitor.thresholds.activePrefillTokens": "--active-prefill-tokens-threshold",
+		"monitor.thresholds.queueDelayMs":        "--queue-delay-threshold-ms",
+	} {
+		for _, v := range []any{"1.5", "1e6", "512k", 1.5} {
+			t.Run(fmt.Sprint(key, "=", v), func(t *testing.T) {
+				r, err := render(t, chartDir, readValues(t, "", map[string]any{key: v}))
+				if err != nil {
+					return // refused at render
+				}
+				if errs := checkContainers(t, r); len(errs) > 0 {
+					return // refused by --check
+				}
+				d, _ := r.find("Deployment", releaseName+"-workermon-monitor").(*appsv1.Deployment)
+				t.Errorf("%s %q accepted; the monitor runs with %q", key, v, d.Spec.Template.Spec.Containers[0].Args)
+			})
+		}
+		r, err := render(t, chartDir, readValues(t, "", map[string]any{key: 1048576}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, _ := r.find("Deployment", releaseName+"-workermon-monitor").(*appsv1.Deployment)
+		if args := d.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, flag+"=1048576") {
+			t.Errorf("%s: a whole number renders %q", key, args)
+		}
 	}
 }
 
@@ -853,7 +859,9 @@ func TestScrapeSidecarSnippet(t *testing.T) {
 }
 
 // TestKEDAExample: the autoscaling example renders a ScaledObject on the
-// model's busy fraction, compared as a value.
+// model's saturation (contract §21), compared as a value below the busy
+// line, and gives the monitors the thresholds the saturation is measured
+// against (with none, it stays 0 and KEDA never scales out).
 func TestKEDAExample(t *testing.T) {
 	r, err := render(t, chartDir, readValues(t, filepath.Join("examples", "autoscaling.yaml"), nil))
 	if err != nil {
@@ -876,12 +884,22 @@ func TestKEDAExample(t *testing.T) {
 		t.Fatalf("triggers %+v", so.Spec.Triggers)
 	}
 	tr := so.Spec.Triggers[0]
-	want := `max(workermon_model_busy_fraction{model="meta-llama/Llama-3.1-8B-Instruct"})`
-	if tr.Type != "prometheus" || tr.MetricType != "Value" || tr.Metadata["query"] != want || tr.Metadata["threshold"] != "0.7" {
-		t.Errorf("trigger %+v, want prometheus, Value, query %s, threshold 0.7", tr, want)
+	want := `max(workermon_model_saturation{model="meta-llama/Llama-3.1-8B-Instruct"})`
+	if tr.Type != "prometheus" || tr.MetricType != "Value" || tr.Metadata["query"] != want || tr.Metadata["threshold"] != "0.8" {
+		t.Errorf("trigger %+v, want prometheus, Value, query %s, threshold 0.8", tr, want)
 	}
 	if so.Spec.ScaleTargetRef.Name != "vllm-llama" {
 		t.Errorf("target %+v", so.Spec.ScaleTargetRef)
+	}
+	d, _ := r.find("Deployment", releaseName+"-workermon-monitor").(*appsv1.Deployment)
+	if d == nil {
+		t.Fatal("no monitor Deployment")
+	}
+	args := d.Spec.Template.Spec.Containers[0].Args
+	for _, a := range []string{"--kv-committed-threshold=1.0", "--queue-delay-threshold-ms=1000"} {
+		if !slices.Contains(args, a) {
+			t.Errorf("the monitor runs with %q, without %s: the saturation has nothing to measure against", args, a)
+		}
 	}
 }
 

@@ -28,7 +28,8 @@ import (
 // (the NATS URL, the HTTP port and the bucket replicas made local), and a
 // simulated engine fleet that publishes on the plain subjects. The monitor
 // hears the fleet through the rendered mappings (no unmapped report), both
-// become ready, and the monitor exports the model's busy fraction. Each
+// become ready, and the monitor exports the model's busy fraction and its
+// saturation (the KEDA example's signal). Each
 // runs as its role's user of the rendered authorization, with the
 // passwords of the rendered Secret as its secretKeyRefs give them (the
 // engines as the engine user), and the server logs no permissions
@@ -142,8 +143,11 @@ func TestRenderedStackServes(t *testing.T) {
 		if _, body := get("http://" + monitor + "/busy"); !strings.Contains(body, `"llama"`) {
 			return "monitor /busy: " + body
 		}
-		if _, body := get("http://" + monitor + "/metrics"); !strings.Contains(body, `workermon_model_busy_fraction{model="llama"}`) {
-			return "no workermon_model_busy_fraction for llama in /metrics"
+		_, body := get("http://" + monitor + "/metrics")
+		for _, series := range []string{`workermon_model_busy_fraction{model="llama"}`, `workermon_model_saturation{model="llama"}`} {
+			if !strings.Contains(body, series) {
+				return "no " + series + " in /metrics"
+			}
 		}
 		return ""
 	})

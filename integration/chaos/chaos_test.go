@@ -190,6 +190,14 @@ func TestFleetCheck(t *testing.T) {
 	if d := f.Check(record([]uint64{1}, []uint64{2}, nil, 20*time.Second), now); d != "" {
 		t.Fatalf("a right record: %s", d)
 	}
+	// The saturation and the routers' queues are left out (contract §20).
+	withTraffic := record([]uint64{1}, []uint64{2}, nil, 20*time.Second)
+	withTraffic.Saturation = 3.5
+	withTraffic.QueuedBy = map[string]map[int64]uint64{"router/r1": {0: 7}}
+	withTraffic.Queued = map[int64]uint64{0: 7}
+	if d := f.Check(withTraffic, now); d != "" {
+		t.Fatalf("a right record with saturation and queues: %s", d)
+	}
 	if d := f.Check(record(nil, []uint64{1, 2}, nil, 20*time.Second), now); !strings.Contains(d, "worker 1 listed free") {
 		t.Fatalf("worker 1 busy for 20 s, listed free: %q", d)
 	}

@@ -101,7 +101,10 @@ func (f *Fleet) Goodbye(g events.Goodbye, now time.Time) {
 }
 
 // Check compares a model's record with the fleet at now; it returns what
-// differs, empty when the record is right.
+// differs, empty when the record is right. Only what the fleet's reports
+// make the record is compared: its thresholds and lists. Its saturation
+// (contract §21) and the routers' queues, queued and queued_by (§22), are
+// the moment's traffic, not the fleet's state: left out (contract §20).
 func (f *Fleet) Check(rec events.BusySet, now time.Time) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -59,7 +59,9 @@ type Config struct {
 	// Interval between rounds; must be > 0 (the caller does not run a
 	// Dispatcher when rescheduling is off).
 	Interval time.Duration
-	// MaxRequests and Timeout are sent with, and bound, each request.
+	// MaxRequests caps each request's max_requests: a pair asks for the
+	// requests the planner sized it to (this many when it did not size
+	// it), never more. Timeout bounds the wait for each answer.
 	MaxRequests uint64
 	Timeout     time.Duration
 	// Planner plans the rounds. Required.
@@ -204,8 +206,12 @@ func (d *Dispatcher) Round(ctx context.Context) error {
 
 // send sends one pair's request and records the answer.
 func (d *Dispatcher) send(ctx context.Context, s *Sent) {
+	n := d.cfg.MaxRequests
+	if s.Requests > 0 {
+		n = min(s.Requests, n)
+	}
 	req := events.MigrateRequest{Model: s.Model, Src: s.Src, Dst: s.Dst, DstEndpoint: d.cfg.Endpoint(s.Model, s.Dst),
-		MaxRequests: d.cfg.MaxRequests, Reason: s.Reason, Epoch: s.Epoch}
+		MaxRequests: n, Reason: s.Reason, Epoch: s.Epoch}
 	data, err := events.MarshalMigrateRequest(req)
 	if err == nil {
 		rctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)

@@ -54,7 +54,7 @@ func TestDispatch(t *testing.T) {
 			return
 		}
 		got <- r
-		reply, _ := events.MarshalMigrateReply(events.MigrateReply{Migrated: 7}) // more than the 2 asked
+		reply, _ := events.MarshalMigrateReply(events.MigrateReply{Migrated: 7}) // more than the 3 asked
 		_ = m.Respond(reply)
 	}); err != nil {
 		t.Fatal(err)
@@ -66,9 +66,12 @@ func TestDispatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hot := []resched.Worker{worker(1, 0.9, false), worker(2, 0.1, true), worker(3, 0.5, true)}
+	// Mean 0.4: worker 1 holds 70 of its 100 blocks in 7 requests and
+	// gives 30, 3 requests: the pair asks for 3, below the cap of 8.
+	hot := []resched.Worker{worker(1, 0.7, false), worker(2, 0.1, true), worker(3, 0.4, true)}
+	hot[0].TotalBlocks, hot[0].Requests = 100, 7
 	reg := prometheus.NewRegistry()
-	d, err := dispatch.New(dispatch.Config{Conn: nc, Prefix: "wm", Interval: time.Hour, MaxRequests: 2,
+	d, err := dispatch.New(dispatch.Config{Conn: nc, Prefix: "wm", Interval: time.Hour, MaxRequests: 8,
 		Timeout: 500 * time.Millisecond, Planner: planner, Registerer: reg,
 		// The leases are lost right after the models were chosen: the
 		// requests still carry the epoch they were chosen under.
@@ -84,7 +87,7 @@ func TestDispatch(t *testing.T) {
 	}
 	select {
 	case r := <-got:
-		want := events.MigrateRequest{V: 1, Model: "mine", Src: 1, Dst: 2, DstEndpoint: "http://w2:8000", MaxRequests: 2,
+		want := events.MigrateRequest{V: 1, Model: "mine", Src: 1, Dst: 2, DstEndpoint: "http://w2:8000", MaxRequests: 3,
 			Reason: resched.PolicyDecodeLoad, Epoch: 5}
 		if r != want {
 			t.Errorf("request %+v, want %+v", r, want)
@@ -111,7 +114,7 @@ func TestDispatch(t *testing.T) {
 		{"workermon_rescheduler_pairs_total", map[string]string{"policy": "decode_load"}, 2},
 		{"workermon_rescheduler_answers_total", map[string]string{"policy": "decode_load", "result": "ok"}, 1},
 		{"workermon_rescheduler_answers_total", map[string]string{"policy": "decode_load", "result": "no_responders"}, 1},
-		{"workermon_rescheduler_migrated_requests_total", map[string]string{"policy": "decode_load"}, 2}, // the engine's 7, capped at the 2 asked
+		{"workermon_rescheduler_migrated_requests_total", map[string]string{"policy": "decode_load"}, 3}, // the engine's 7, capped at the 3 asked
 	} {
 		if v, _ := promtest.Value(t, reg, c.name, c.labels); v != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)
