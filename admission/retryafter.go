@@ -261,7 +261,12 @@ func (e *RetryEstimator) next(model string, ahead int) *retryValue {
 		return &e.table[e.index(e.floor.Seconds()*(1+u1/4))]
 	}
 	floor, ceiling := int64(e.floor), int64(e.ceiling)
-	slot := min(int64(float64(time.Second)/rate), ceiling)
+	// Capped before the conversion: a rate decayed to almost nothing gives
+	// a slot past int64.
+	slot := ceiling
+	if s := float64(time.Second) / rate; s < float64(ceiling) {
+		slot = int64(s)
+	}
 	queue := int64(min(max(ahead, 0), maxAhead)) * slot
 	var start int64
 	for {

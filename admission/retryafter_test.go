@@ -288,3 +288,27 @@ func TestMiddlewareFeedsTheEstimate(t *testing.T) {
 		t.Errorf("40 rejections wait from %v to %v; want from the 1 s floor to about 3 s", lo, hi)
 	}
 }
+
+// TestRetryEstimatorAfterLongIdle: a model whose requests ended at 10/s,
+// then rejections 150 s apart and nothing between (no request ends), so
+// that its average rate decays to almost nothing (about 1e-15/s at the
+// second): each rejection still waits at least the floor and at most the
+// cap. 1 s ÷ a rate that small overflowed int64 and the wait came out
+// negative: 10 ms.
+func TestRetryEstimatorAfterLongIdle(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	e := newTestEstimator(t, time.Second, clock)
+	serve(e, clock, 10, 5*time.Second, "m")
+	for _, idle := range []time.Duration{150 * time.Second, 150 * time.Second, 150 * time.Second, time.Hour} {
+		clock.add(idle)
+		for range 5 {
+			if d := e.Next("m", 0); d < e.Floor() || d > DefaultMaxRetryAfter {
+				t.Fatalf("after %v idle: wait %v; want within [%v, %v]", idle, d, e.Floor(), DefaultMaxRetryAfter)
+			}
+			if d := e.Next("m", 3); d < e.Floor() || d > DefaultMaxRetryAfter {
+				t.Fatalf("after %v idle, 3 ahead: wait %v; want within [%v, %v]", idle, d, e.Floor(), DefaultMaxRetryAfter)
+			}
+		}
+	}
+}
