@@ -320,12 +320,12 @@ func (m *Monitor) RescheduleSnapshot(ctx context.Context) (resched.Snapshot, err
 					}
 					sum += float64(a.ActiveDecodeBlocks) / float64(a.KVTotalBlocks)
 					committed += float64(a.KVCommittedBlocks) / float64(a.KVTotalBlocks)
-					rw.TotalBlocks += a.KVTotalBlocks
+					rw.TotalBlocks = addCapped(rw.TotalBlocks, a.KVTotalBlocks)
 					n++
 					allCommitted = allCommitted && agg.committed
 					allCounts = allCounts && agg.running.Set && agg.waiting.Set
-					running += agg.running.Value
-					queued += agg.waiting.Value
+					running = addCapped(running, agg.running.Value)
+					queued = addCapped(queued, agg.waiting.Value)
 				}
 				if n > 0 {
 					rw.Usage, rw.HasUsage = sum/float64(n), true
@@ -335,7 +335,7 @@ func (m *Monitor) RescheduleSnapshot(ctx context.Context) (resched.Snapshot, err
 					if allCounts {
 						rw.Requests = running
 						if rw.HasCommitted {
-							rw.Requests += queued
+							rw.Requests = addCapped(rw.Requests, queued)
 						}
 					}
 				}
