@@ -35,13 +35,13 @@ func TestPlan(t *testing.T) {
 		{"unknown usage stays out of decode_load", []Worker{w(1, 0.9, false), unknown}, nil},
 		{"failover moves work off a cordoned worker to the least used free one",
 			[]Worker{cordoned, w(1, 0.4, true), w(2, 0.3, true)},
-			[]Pair{{"m", 5, 2, PolicyFailover, DefaultMaxRequests}}},
+			[]Pair{{"m", 5, 2, PolicyFailover, RecommendedMaxRequests}}},
 		{"one pair per worker per round: failover takes the next free one",
 			[]Worker{cordoned, w(1, 0.95, false), w(2, 0.1, true), w(3, 0.55, true)},
-			[]Pair{{"m", 1, 2, PolicyDecodeLoad, 1}, {"m", 5, 3, PolicyFailover, DefaultMaxRequests}}},
+			[]Pair{{"m", 1, 2, PolicyDecodeLoad, 1}, {"m", 5, 3, PolicyFailover, RecommendedMaxRequests}}},
 		{"failover without a free worker", []Worker{cordoned, w(1, 0.9, false)}, nil},
 	} {
-		p, err := New(DefaultConfig())
+		p, err := New(RecommendedConfig())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -76,7 +76,7 @@ func (crossed) Candidates(m Model, _ float64) (srcs, dsts []Candidate) {
 
 func TestPlanValidates(t *testing.T) {
 	t.Parallel()
-	cfg := DefaultConfig()
+	cfg := RecommendedConfig()
 	cfg.Policies = []Policy{crossed{}}
 	p, err := New(cfg)
 	if err != nil {
@@ -92,7 +92,7 @@ func TestPlanValidates(t *testing.T) {
 
 func TestPlanRepairsAroundARestingDestination(t *testing.T) {
 	t.Parallel()
-	p, err := New(DefaultConfig())
+	p, err := New(RecommendedConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestPlanRepairsAroundARestingDestination(t *testing.T) {
 	// selection moves on to the next one below the mean (6) instead of
 	// dropping the source.
 	second := []Worker{w(1, 0.5, false), w(2, 0.5, true), w(3, 0.05, true), w(4, 0.5, true), w(5, 0.95, false), w(6, 0.1, true)}
-	got := p.Plan(Snapshot{Now: t0.Add(DefaultCooldown / 2), Models: []Model{{Name: "m", Workers: second}}})
+	got := p.Plan(Snapshot{Now: t0.Add(RecommendedCooldown / 2), Models: []Model{{Name: "m", Workers: second}}})
 	if want := []Pair{{"m", 5, 6, PolicyDecodeLoad, 1}}; !slices.Equal(got, want) {
 		t.Errorf("second round: %v, want %v", got, want)
 	}
@@ -114,7 +114,7 @@ func TestPlanRepairsAroundARestingDestination(t *testing.T) {
 
 func TestPlanCooldown(t *testing.T) {
 	t.Parallel()
-	cfg := DefaultConfig()
+	cfg := RecommendedConfig()
 	cfg.Cooldown = 10 * time.Second
 	p, err := New(cfg)
 	if err != nil {
@@ -148,7 +148,7 @@ func TestPlanPairsEveryLoadedSource(t *testing.T) {
 	// Llumnix's scale-out case: two full workers, a third joins empty.
 	// Both sources move work to it in the same round; its room (up to
 	// the mean) is shared between them.
-	p, err := New(DefaultConfig())
+	p, err := New(RecommendedConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestPlanDestinationStopsAtTheLightMark(t *testing.T) {
 	t.Parallel()
 	// A destination takes from one source after another while it stays
 	// below the mean − gap (it keeps room of more than gap × its size).
-	p, err := New(DefaultConfig())
+	p, err := New(RecommendedConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestPlanDestinationStopsAtTheLightMark(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("pairs %v, want %v", got, want)
 	}
-	p, _ = New(DefaultConfig())
+	p, _ = New(RecommendedConfig())
 	got = p.Plan(Snapshot{Now: time.Unix(0, 0), Models: []Model{{Name: "m",
 		Workers: []Worker{w(1, 0.9, false), w(2, 0.8, false), w(3, 0.5, true), w(4, 0.15, true), w(6, 0.5, true)}}}})
 	// Mean (0.9+0.8+0.5+0.15+0.5)/5 = 0.57: 4 may take 0.42, 1 gives 0.33
@@ -186,7 +186,7 @@ func TestPlanDestinationStopsAtTheLightMark(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("pairs %v, want %v", got, want)
 	}
-	p, _ = New(DefaultConfig())
+	p, _ = New(RecommendedConfig())
 	got = p.Plan(Snapshot{Now: time.Unix(0, 0), Models: []Model{{Name: "m",
 		Workers: []Worker{w(1, 1, false), w(2, 0.8, false), w(4, 0.42, true), w(6, 0.68, true)}}}})
 	// Mean 0.725: 4 may take 0.305; 1 gives 0.275 and leaves it 0.03,
@@ -230,7 +230,7 @@ func TestPlanSizesPairs(t *testing.T) {
 		{"half a request", 8, []Worker{sized(1, 0.6, false, 100, 5), sized(2, 0.4, true, 100, 1), sized(3, 0.5, true, 100, 5)},
 			[]Pair{{"m", 1, 2, PolicyDecodeLoad, 1}}},
 	} {
-		cfg := DefaultConfig()
+		cfg := RecommendedConfig()
 		cfg.MaxRequests = c.max
 		p, err := New(cfg)
 		if err != nil {
@@ -250,7 +250,7 @@ func TestPlanBalancesOnCommitted(t *testing.T) {
 		x.Committed, x.HasCommitted = committed, true
 		return x
 	}
-	p, err := New(DefaultConfig())
+	p, err := New(RecommendedConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,5 +267,19 @@ func TestPlanBalancesOnCommitted(t *testing.T) {
 		Workers: []Worker{committed(1, 0.4, 1.2), committed(2, 0.4, 0.5), w(3, 0.4, true)}}}})
 	if len(got) != 0 {
 		t.Errorf("mixed: pairs %v, want none", got)
+	}
+}
+
+// TestDefaultsAreTheContracts: the defaults are contract §12's (gap 0.1,
+// cooldown 10s, 1 request a pair); the measured values are only
+// recommended.
+func TestDefaultsAreTheContracts(t *testing.T) {
+	t.Parallel()
+	if got, want := DefaultConfig(), (Config{BalanceGap: 0.1, Cooldown: 10 * time.Second, MaxRequests: 1}); got.BalanceGap != want.BalanceGap ||
+		got.Cooldown != want.Cooldown || got.MaxRequests != want.MaxRequests {
+		t.Errorf("defaults %+v, want contract §12's %+v", got, want)
+	}
+	if err := RecommendedConfig().Validate(); err != nil {
+		t.Error(err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	wmbench "github.com/workermon/workermon/bench"
+	"github.com/workermon/workermon/resched"
 )
 
 // benchGoodputOptions is everything `workermon bench goodput` can be told.
@@ -129,7 +130,9 @@ func (s goodputStack) StartMonitor(ctx context.Context, spec wmbench.MonitorSpec
 		so.slo.prefill = uintRange{spec.SLOPrefillMin, spec.SLOPrefillMax}
 	}
 	if spec.Rescheduling > 0 {
-		so.resched.interval = spec.Rescheduling
+		// The values docs/rescheduler.md recommends for a round this
+		// often; contract §12's defaults move one request per 10 s.
+		so.resched.interval, so.resched.planner = spec.Rescheduling, resched.RecommendedConfig()
 	}
 	svc, err := startService(ctx, so, s.log.With("part", "monitor"), newRegistry())
 	if err != nil {

@@ -39,9 +39,7 @@ type scaleOutResult struct {
 
 // oldReschedDefaults are the planner's defaults before issue 35 item 22:
 // gap 0.1, cooldown 10 s, one request a pair.
-func oldReschedDefaults() resched.Config {
-	return resched.Config{BalanceGap: 0.1, Cooldown: 10 * time.Second, MaxRequests: 1}
-}
+func oldReschedDefaults() resched.Config { return resched.DefaultConfig() }
 
 // TestReschedulerScaleOut is Llumnix's scale-out case from outside: two
 // workers full of long streamed requests, a third joins empty. Over the
@@ -54,7 +52,7 @@ func oldReschedDefaults() resched.Config {
 // 27 % and 11.2 s, as without it: docs/rescheduler.md.)
 func TestReschedulerScaleOut(t *testing.T) {
 	off := runScaleOut(t, scaleOutOptions{})
-	on := runScaleOut(t, scaleOutOptions{interval: RecommendedReschedulingInterval, planner: resched.DefaultConfig()})
+	on := runScaleOut(t, scaleOutOptions{interval: RecommendedReschedulingInterval, planner: resched.RecommendedConfig()})
 	for _, r := range []struct {
 		name string
 		res  scaleOutResult
@@ -84,7 +82,7 @@ func TestReschedulerScaleOut(t *testing.T) {
 //	go test -run '^$' -bench ReschedulerScaleOut -benchtime 1x ./cmd/workermon
 func BenchmarkReschedulerScaleOut(b *testing.B) {
 	with := func(f func(*resched.Config)) resched.Config {
-		c := resched.DefaultConfig()
+		c := resched.RecommendedConfig()
 		f(&c)
 		return c
 	}
@@ -95,9 +93,9 @@ func BenchmarkReschedulerScaleOut(b *testing.B) {
 	}{
 		{"off", scaleOutOptions{}},
 		{"old-defaults", scaleOutOptions{interval: 250 * time.Millisecond, planner: oldReschedDefaults()}},
-		{"defaults", scaleOutOptions{interval: iv, planner: resched.DefaultConfig()}},
-		{"interval=100ms", scaleOutOptions{interval: 100 * time.Millisecond, planner: resched.DefaultConfig()}},
-		{"interval=500ms", scaleOutOptions{interval: 500 * time.Millisecond, planner: resched.DefaultConfig()}},
+		{"recommended", scaleOutOptions{interval: iv, planner: resched.RecommendedConfig()}},
+		{"interval=100ms", scaleOutOptions{interval: 100 * time.Millisecond, planner: resched.RecommendedConfig()}},
+		{"interval=500ms", scaleOutOptions{interval: 500 * time.Millisecond, planner: resched.RecommendedConfig()}},
 		{"cooldown=0", scaleOutOptions{interval: iv, planner: with(func(c *resched.Config) { c.Cooldown = 0 })}},
 		{"cooldown=500ms", scaleOutOptions{interval: iv, planner: with(func(c *resched.Config) { c.Cooldown = 500 * time.Millisecond })}},
 		{"cooldown=1s", scaleOutOptions{interval: iv, planner: with(func(c *resched.Config) { c.Cooldown = time.Second })}},

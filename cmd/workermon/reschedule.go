@@ -50,7 +50,7 @@ func (o *serveOptions) reschedFlags(fs *flag.FlagSet) {
 		"hysteresis in [0, 1): a busy rank turns free only at or below (1 − margin) × each threshold that made it busy (0: off)")
 	r := &o.resched
 	fs.DurationVar(&r.interval, "rescheduling-interval", r.interval,
-		"run a rescheduling round this often (0: off; "+RecommendedReschedulingInterval.String()+" recommended)")
+		"run a rescheduling round this often (0: off; "+RecommendedReschedulingInterval.String()+" recommended, with --balance-gap 0.05 --rescheduling-cooldown 500ms --rescheduling-max-requests 4)")
 	fs.Float64Var(&r.planner.BalanceGap, "balance-gap", r.planner.BalanceGap,
 		"decode_load moves work from workers above the model's mean (projected) KV usage + gap to workers below mean − gap")
 	fs.DurationVar(&r.planner.Cooldown, "rescheduling-cooldown", r.planner.Cooldown, "a worker rests this long after a migration")

@@ -62,7 +62,7 @@ func TestDispatch(t *testing.T) {
 	if err := engine.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	planner, err := resched.New(resched.DefaultConfig())
+	planner, err := resched.New(resched.RecommendedConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
