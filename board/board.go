@@ -217,6 +217,14 @@ func serveAsset(w http.ResponseWriter, r *http.Request, name string) {
 	}
 }
 
+// writeJSON answers 200 with data, a JSON document, never cached.
+func writeJSON(w http.ResponseWriter, data []byte) {
+	securityHeaders(w.Header())
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write(append(data, '\n'))
+}
+
 // writeError answers {"error": msg}, as the monitor's API does.
 func writeError(w http.ResponseWriter, status int, msg string) {
 	securityHeaders(w.Header())

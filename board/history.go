@@ -212,8 +212,5 @@ func (b *Board) serveHistory(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusInternalServerError, "board: encode the history: "+err.Error())
 		return
 	}
-	securityHeaders(w.Header())
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	_, _ = w.Write(append(data, '\n'))
+	writeJSON(w, data)
 }

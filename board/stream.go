@@ -353,10 +353,7 @@ func (b *Board) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "board: "+err.Error())
 		return
 	}
-	securityHeaders(w.Header())
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	_, _ = w.Write(append(data, '\n'))
+	writeJSON(w, data)
 }
 
 // snapshot returns the snapshot's JSON for GET /board/snapshot: the one

@@ -31,6 +31,15 @@ func (f *flight) firstToken(slo SLO, start, first time.Time, maxTokens int) {
 	f.deadline.Store(first.Add(slo.ITL * time.Duration(max(0, maxTokens-1))).UnixNano())
 }
 
+// retryAt marks a request that waits to be sent again at at: if that is
+// past its deadline it cannot be good any more (its answer comes later), so
+// a drain need not wait for it.
+func (f *flight) retryAt(at time.Time) {
+	if at.UnixNano() > f.deadline.Load() {
+		f.deadline.Store(math.MinInt64)
+	}
+}
+
 // flights are the requests in flight.
 type flights struct {
 	mu  sync.Mutex

@@ -110,9 +110,15 @@ func (g *Generator) do(ctx context.Context, start time.Time, body []byte, priori
 		if !retry {
 			return d
 		}
-		wait, ok := retryDelay(header, n, time.Now(), jitter)
-		if !ok {
+		now := time.Now()
+		wait, ok := retryDelay(header, n, now, jitter)
+		if deadline, set := reqCtx.Deadline(); !ok || set && now.Add(wait).After(deadline) {
+			// Not retried, or not before the timeout would end the wait:
+			// the request ends now with this answer, holding nothing.
 			return d
+		}
+		if fl != nil {
+			fl.retryAt(now.Add(wait))
 		}
 		t := time.NewTimer(wait)
 		select {

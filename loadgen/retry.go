@@ -18,7 +18,9 @@ import (
 // Retry-After (seconds, or an HTTP date), when 0 ≤ value ≤ 2 minutes; an
 // answer asking for longer is not retried. Without either header the wait is
 // min(0.5 s × 2^n, 8 s) less up to a quarter of it, at random. Every attempt
-// carries RetryCountHeader: 0 on the first.
+// carries RetryCountHeader: 0 on the first. A retry whose wait would end
+// past Config.Timeout is not made (the request ends with its last answer),
+// and a request waiting past its SLO deadline no longer holds the drain.
 
 // RetryCountHeader is the header that numbers a request's attempts, 0 on the
 // first, as the official OpenAI SDKs send it.

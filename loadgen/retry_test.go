@@ -324,3 +324,48 @@ func TestRetries(t *testing.T) {
 		})
 	}
 }
+
+// A retry the server asks for past the request's timeout is not waited
+// for: the request ends at once with its last answer. One within the
+// timeout but past the request's SLO deadline is waited for, but the run's
+// drain does not wait for it (it cannot be good). Neither holds the run
+// past its Duration.
+func TestRetryPastTimeoutDoesNotHoldTheRun(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, after string
+		attempts    uint64
+	}{{"past the timeout", "100000", 1}, {"past the SLO", "30000", 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			testRetryHoldsRun(t, tc.after, tc.attempts)
+		})
+	}
+}
+
+func testRetryHoldsRun(t *testing.T, after string, attempts uint64) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &scriptTransport{answer: func(int, time.Time) *http.Response { return reply(503, "retry-after-ms", after) }}
+		cfg := DefaultConfig()
+		cfg.Transport, cfg.CancelFraction, cfg.Retries = st, 0, 2
+		cfg.Timeout, cfg.Duration = time.Minute, time.Second
+		cfg.RateFunc = func(t time.Duration) float64 { // one request, at the first tick
+			if t < 15*time.Millisecond {
+				return 100
+			}
+			return 0
+		}
+		g, err := New(cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		s := runFor(t, g, 10*time.Minute)
+		if took := time.Since(start); took > cfg.Duration+100*time.Millisecond {
+			t.Errorf("the run took %v (fake time) for a Duration of %v: held by a retry wait", took, cfg.Duration)
+		}
+		if c := s.Total; c.Sent != 1 || c.Attempts != attempts || c.Unavailable != attempts || c.Failed != 1 {
+			t.Errorf("counts %+v; want %d attempts, 503, failed", c, attempts)
+		}
+	})
+}

@@ -224,17 +224,28 @@ func TestAbsentFieldKeepsValue(t *testing.T) {
 	e := newEnv(t)
 	in := subscribe(t, e.obs, events.DefaultSubjectPrefix)
 	p := e.start(t, "m", 1)
-	steps := []struct {
-		name   string
-		update publisher.Load
-		want   publisher.Load
-	}{
+	steps := []updateStep{
 		{"first", load(5, 100, -1, -1), load(5, 100, -1, -1)},
 		{"add prefill only", load(-1, -1, 7, -1), load(5, 100, 7, -1)},
 		{"zero is a value", load(0, -1, -1, -1), load(0, 100, 7, -1)},
 		{"set all", load(1, 2, 3, 4), load(1, 2, 3, 4)},
 		{"change one", load(-1, 200, -1, -1), load(1, 200, 3, 4)},
 	}
+	updateSteps(t, p, in, steps)
+}
+
+// updateStep is one Update of rank 0 and the load the next report must
+// carry.
+type updateStep struct {
+	name   string
+	update publisher.Load
+	want   publisher.Load
+}
+
+// updateSteps makes each step's Update in turn and checks the report that
+// follows it.
+func updateSteps(t *testing.T, p *publisher.Publisher, in *inbox, steps []updateStep) {
+	t.Helper()
 	var prev publisher.Load
 	for _, s := range steps {
 		if err := p.Update(0, s.update); err != nil {
@@ -244,7 +255,7 @@ func TestAbsentFieldKeepsValue(t *testing.T) {
 		// different report must be the new one.
 		r := in.waitReport(t, func(r events.LoadReport) bool { return loadOf(r) != prev })
 		if got := loadOf(r); got != s.want {
-			t.Errorf("%s: load %+v, want %+v", s.name, got, s.want)
+			t.Errorf("%s: load\n got %+v\nwant %+v", s.name, got, s.want)
 		}
 		prev = s.want
 	}
@@ -285,26 +296,12 @@ func TestLeadingFieldsOnTheWire(t *testing.T) {
 	e := newEnv(t)
 	in := subscribe(t, e.obs, events.DefaultSubjectPrefix)
 	p := e.start(t, "m", 1)
-	steps := []struct {
-		name   string
-		update publisher.Load
-		want   publisher.Load
-	}{
+	steps := []updateStep{
 		{"request counts only", leading(3, 1, -1, -1, -1), leading(3, 1, -1, -1, -1)},
 		{"counters and committed", leading(-1, -1, 5, 100, 40), leading(3, 1, 5, 100, 40)},
 		{"zero is a value", leading(0, 0, 7, 160, 0), leading(0, 0, 7, 160, 0)},
 		{"the engine's counts restart", leading(-1, -1, 2, 30, -1), leading(0, 0, 9, 190, 0)},
 		{"and grow again", leading(-1, -1, 4, 30, -1), leading(0, 0, 11, 190, 0)},
 	}
-	var prev publisher.Load
-	for _, s := range steps {
-		if err := p.Update(0, s.update); err != nil {
-			t.Fatalf("%s: Update: %v", s.name, err)
-		}
-		r := in.waitReport(t, func(r events.LoadReport) bool { return loadOf(r) != prev })
-		if got := loadOf(r); got != s.want {
-			t.Errorf("%s: load\n got %+v\nwant %+v", s.name, got, s.want)
-		}
-		prev = s.want
-	}
+	updateSteps(t, p, in, steps)
 }

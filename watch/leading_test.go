@@ -13,8 +13,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/workermon/workermon/events"
 	"github.com/workermon/workermon/internal/natstest"
 	"github.com/workermon/workermon/internal/syncbuf"
@@ -330,16 +328,7 @@ func TestPoller(t *testing.T) {
 // its reader with it, when its context ends.
 func TestRunScreenLoads(t *testing.T) {
 	t.Parallel()
-	srv := natstest.Start(t, nil)
-	nc := natstest.Connect(t, srv)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv, err := js.CreateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: events.BusyBucket})
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, kv := busyBucket(t)
 	r := events.BusySet{Model: "m", Free: []uint64{3}, UpdatedAt: time.Now().UnixNano()}
 	data, err := events.MarshalBusySet(&r)
 	if err != nil {

@@ -186,13 +186,12 @@ func TestSinkChanges(t *testing.T) {
 	}
 }
 
-// TestRunScreen redraws a record written to a real bucket, and restores
-// the terminal when it ends.
-func TestRunScreen(t *testing.T) {
-	t.Parallel()
+// busyBucket starts a server and returns a JetStream on it and its busy
+// bucket, empty.
+func busyBucket(t *testing.T) (jetstream.JetStream, jetstream.KeyValue) {
+	t.Helper()
 	srv := natstest.Start(t, nil)
-	nc := natstest.Connect(t, srv)
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(natstest.Connect(t, srv))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,6 +199,14 @@ func TestRunScreen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return js, kv
+}
+
+// TestRunScreen redraws a record written to a real bucket, and restores
+// the terminal when it ends.
+func TestRunScreen(t *testing.T) {
+	t.Parallel()
+	js, kv := busyBucket(t)
 	out := &syncbuf.Buffer{}
 	cfg := DefaultConfig()
 	cfg.JetStream, cfg.Out, cfg.Mode, cfg.Color = js, out, Screen, true
