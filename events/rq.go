@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-
-	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
 // MaxQueuedPriorities bounds the priorities of one router-queue report
@@ -176,20 +174,9 @@ func (dec *Decoder) RouterQueue(data []byte) (RouterQueue, error) {
 // router-queue report, highest priority first, each value in N; nil is
 // empty.
 func (dec *Decoder) priorityMap(name string) ([]QueuedLevel, error) {
-	if null, err := dec.isNil(); null || err != nil {
+	n, err := dec.fieldMap(name)
+	if n == 0 || err != nil {
 		return nil, err
-	}
-	c := dec.data[dec.pos]
-	if !msgpcode.IsFixedMap(c) && c != msgpcode.Map16 && c != msgpcode.Map32 {
-		return nil, fieldError(name, fmt.Errorf("want a map, got code 0x%02x: %w", c, ErrWrongType))
-	}
-	n, err := dec.mapLen()
-	if err != nil {
-		return nil, err
-	}
-	// Each entry takes at least two bytes: a count beyond them is a lie.
-	if n > (len(dec.data)-dec.pos)/2 {
-		return nil, errTruncated
 	}
 	if n > MaxQueuedPriorities {
 		return nil, fieldError(name, fmt.Errorf("%d priorities, at most %d: %w", n, MaxQueuedPriorities, ErrOutOfRange))
