@@ -590,7 +590,8 @@ func (c *Controller) leading(ctx context.Context, model string, last map[rankKey
 // status as found again when the compare-and-set fails; from then on a
 // late write of the previous holder fails. Under enforce a found status's
 // thresholds apply at once, before the first move. It returns nil when a
-// newer holder writes the status.
+// newer holder writes the status, and gives the model up (release) when
+// the status changed through claimAttempts compare-and-sets.
 func (c *Controller) adopt(ctx context.Context, model string, s slot, epoch uint64) (*held, error) {
 	old := c.held[model]
 	st, rev, err := c.cfg.Store.Status(ctx, model)
@@ -628,7 +629,11 @@ func (c *Controller) adopt(ctx context.Context, model string, s slot, epoch uint
 			return nil, bucketError{perr}
 		}
 		if attempt+1 >= claimAttempts {
-			return nil, fmt.Errorf("claim the status: it kept changing: %w", perr)
+			// Give the model up rather than leave the thresholds of a
+			// previous hold in force uncontrolled; the next round or
+			// take-up tries again.
+			err := fmt.Errorf("claim the status: it kept changing through %d attempts: %w", claimAttempts, perr)
+			return nil, errors.Join(err, c.release(ctx, model))
 		}
 		st, rev, err = c.cfg.Store.Status(ctx, model) // claim it as it is now
 	}
