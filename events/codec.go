@@ -26,6 +26,9 @@ type Decoder struct {
 	// decoded are known to pass (their interned entries').
 	model, source uint8
 	strs          map[string]interned // interned names, at most maxInterned
+	// ages is the scratch of a router-queue report's oldest_ms map,
+	// consumed within the call.
+	ages []QueuedLevel
 }
 
 // interned is a name a Decoder has seen, and the checks it passed.
