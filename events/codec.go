@@ -26,6 +26,9 @@ type Decoder struct {
 	// decoded are known to pass (their interned entries').
 	model, source uint8
 	strs          map[string]interned // interned names, at most maxInterned
+	// ages is the scratch of a router-queue report's oldest_ms map,
+	// consumed within the call.
+	ages []QueuedLevel
 }
 
 // interned is a name a Decoder has seen, and the checks it passed.
@@ -366,6 +369,27 @@ func (dec *Decoder) mapLen() (int, error) {
 		return int(n), err
 	}
 	return int(c & msgpcode.FixedMapMask), nil
+}
+
+// fieldMap consumes the header of a map field named name in errors: nil
+// is 0 entries, another type ErrWrongType, and a count of entries the
+// bytes left cannot hold (each takes at least two) errTruncated.
+func (dec *Decoder) fieldMap(name string) (int, error) {
+	if null, err := dec.isNil(); null || err != nil {
+		return 0, err
+	}
+	c := dec.data[dec.pos]
+	if !msgpcode.IsFixedMap(c) && c != msgpcode.Map16 && c != msgpcode.Map32 {
+		return 0, fieldError(name, fmt.Errorf("want a map, got code 0x%02x: %w", c, ErrWrongType))
+	}
+	n, err := dec.mapLen()
+	if err != nil {
+		return 0, err
+	}
+	if n > (len(dec.data)-dec.pos)/2 {
+		return 0, errTruncated
+	}
+	return n, nil
 }
 
 // skip consumes n values of any type, nested ones included, without

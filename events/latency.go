@@ -231,20 +231,9 @@ func (dec *Decoder) latUint(key int, dst *uint64) (bool, error) {
 // counts are dropped; a key out of range or given twice is rejected.
 func (dec *Decoder) buckets(key int) ([]LatencyBucket, error) {
 	name := latKeyNames[key]
-	if null, err := dec.isNil(); null || err != nil {
+	n, err := dec.fieldMap(name)
+	if n == 0 || err != nil {
 		return nil, err
-	}
-	c := dec.data[dec.pos]
-	if !msgpcode.IsFixedMap(c) && c != msgpcode.Map16 && c != msgpcode.Map32 {
-		return nil, fieldError(name, fmt.Errorf("want a map, got code 0x%02x: %w", c, ErrWrongType))
-	}
-	n, err := dec.mapLen()
-	if err != nil {
-		return nil, err
-	}
-	// Each entry takes at least two bytes: a count beyond them is a lie.
-	if n > (len(dec.data)-dec.pos)/2 {
-		return nil, errTruncated
 	}
 	var seen [LatencyMaxBucket + 1]bool
 	var out []LatencyBucket

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-
-	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
 // MaxQueuedPriorities bounds the priorities of one router-queue report
@@ -121,9 +119,11 @@ func (dec *Decoder) RouterQueue(data []byte) (RouterQueue, error) {
 		switch key = rqKeyOf(key, raw); key {
 		case keyRqQueued:
 			queued = true
-			r.Queued, err = dec.priorityMap("queued")
+			r.Queued, err = dec.priorityMap("queued", nil)
 		case keyRqOldest:
-			oldest, err = dec.priorityMap("oldest_ms")
+			if oldest, err = dec.priorityMap("oldest_ms", dec.ages[:0]); oldest != nil {
+				dec.ages = oldest[:0]
+			}
 		case keySource:
 			var ok bool
 			ok, err = dec.stringValue(key, &r.Source, &dec.source)
@@ -173,28 +173,20 @@ func (dec *Decoder) RouterQueue(data []byte) (RouterQueue, error) {
 }
 
 // priorityMap decodes a map {priority: non-negative integer} of a
-// router-queue report, highest priority first, each value in N; nil is
-// empty.
-func (dec *Decoder) priorityMap(name string) ([]QueuedLevel, error) {
-	if null, err := dec.isNil(); null || err != nil {
+// router-queue report into dst's array, highest priority first, each value
+// in N; nil is empty.
+func (dec *Decoder) priorityMap(name string, dst []QueuedLevel) ([]QueuedLevel, error) {
+	n, err := dec.fieldMap(name)
+	if n == 0 || err != nil {
 		return nil, err
-	}
-	c := dec.data[dec.pos]
-	if !msgpcode.IsFixedMap(c) && c != msgpcode.Map16 && c != msgpcode.Map32 {
-		return nil, fieldError(name, fmt.Errorf("want a map, got code 0x%02x: %w", c, ErrWrongType))
-	}
-	n, err := dec.mapLen()
-	if err != nil {
-		return nil, err
-	}
-	// Each entry takes at least two bytes: a count beyond them is a lie.
-	if n > (len(dec.data)-dec.pos)/2 {
-		return nil, errTruncated
 	}
 	if n > MaxQueuedPriorities {
 		return nil, fieldError(name, fmt.Errorf("%d priorities, at most %d: %w", n, MaxQueuedPriorities, ErrOutOfRange))
 	}
-	out := make([]QueuedLevel, 0, n)
+	out := dst[:0]
+	if cap(out) < n {
+		out = make([]QueuedLevel, 0, n)
+	}
 	for range n {
 		p, err := dec.rqInt(name, "priority", true)
 		if err != nil {

@@ -306,3 +306,27 @@ func TestRouterQueueVectors(t *testing.T) {
 		})
 	}
 }
+
+// TestRouterQueueDecodeAllocatesQueuedOnly: a steady stream of router-queue
+// reports allocates only the queued levels a report hands over (the
+// monitor keeps them); the ages are decoded into the Decoder's scratch,
+// and a second decode leaves the first report's levels alone.
+func TestRouterQueueDecodeAllocatesQueuedOnly(t *testing.T) {
+	r := RouterQueue{Model: "org/m", Source: "router/a", BootID: 1, Seq: 1, SentAt: 1,
+		Queued: []QueuedLevel{{Priority: 2, N: 1, OldestMs: 30}, {Priority: 0, N: 4, OldestMs: 7}}}
+	data, err := MarshalRouterQueue(&r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := NewDecoder()
+	first, err := dec.RouterQueue(data) // interns the names
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _ = dec.RouterQueue(data) }); n != 1 {
+		t.Errorf("RouterQueue allocates %v times per report, want 1 (its queued levels)", n)
+	}
+	if !reflect.DeepEqual(first.Queued, r.Queued) {
+		t.Errorf("first report's levels %+v after more decodes, want %+v", first.Queued, r.Queued)
+	}
+}

@@ -683,18 +683,18 @@ func (s *state) flushSaturation() {
 
 // flush hands the changed records to the Sink (see flushRecords), and
 // deletes the records of models with no worker left.
-func (s *state) flush() { s.flushRecords(false) }
+func (s *state) flush(now time.Time) { s.flushRecords(false, now) }
 
 // flushAll hands every changed record to the sink, deferring none.
-func (s *state) flushAll() { s.flushRecords(true) }
+func (s *state) flushAll(now time.Time) { s.flushRecords(true, now) }
 
-// flushRecords hands the changed records to the sink. Unless all, a model
-// whose previous record a PendingSink has not taken yet stays queued: its
-// record is built at the next flush after Monitor.Kick.
-func (s *state) flushRecords(all bool) {
+// flushRecords hands the changed records to the sink at now, the loop's
+// clock. Unless all, a model whose previous record a PendingSink has not
+// taken yet stays queued: its record is built at the next flush after
+// Monitor.Kick.
+func (s *state) flushRecords(all bool, now time.Time) {
 	ps, _ := s.sink.(PendingSink)
 	deferred := s.deferred[:0]
-	now := time.Now()
 	for _, m := range s.dirty {
 		if len(m.workers) > 0 && !all && ps != nil && ps.Pending(m.name) {
 			deferred = append(deferred, m)

@@ -101,7 +101,7 @@ func benchReport(b *testing.B, workers int, mode string) {
 	for w := range uint64(workers) {
 		handle(encode(w, 10))
 	}
-	s.flushAll()
+	s.flushAll(now)
 	// Enough reports with rising seq for a round of every worker; rounds
 	// alternate busy and free when flipping.
 	const rounds = 64
@@ -130,7 +130,7 @@ func benchReport(b *testing.B, workers int, mode string) {
 			taking.take()
 		}
 		handle(msgs[i%len(msgs)])
-		s.flush()
+		s.flush(now)
 	}
 	if every > 1 {
 		b.ReportMetric(float64(taking.builds)/float64(b.N), "builds/op")
@@ -177,7 +177,7 @@ func BenchmarkApplyScale(b *testing.B) {
 			for i := range workers * ranks {
 				report(i, 10)
 			}
-			s.flushAll()
+			s.flushAll(now)
 			runtime.GC()
 			runtime.ReadMemStats(&after)
 			perRank := float64(after.HeapAlloc-before.HeapAlloc) / float64(workers*ranks)
@@ -185,7 +185,7 @@ func BenchmarkApplyScale(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				report(i, 10+uint64(i%20)) // below the threshold: steady
-				s.flush()
+				s.flush(now)
 			}
 			b.ReportMetric(perRank, "heap-B/rank")
 			runtime.KeepAlive(s)

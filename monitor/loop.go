@@ -71,14 +71,14 @@ func RunFrom[T any](ctx context.Context, m *Monitor, src Source[T]) error {
 			s.metrics.recompute.Observe(per)
 		}
 		if batch += n; batch >= maxBatch || len(m.in) == 0 && len(src.C) == 0 {
-			s.flush()
+			s.flush(now)
 			batch = 0
 		}
 	}
 	for {
 		select {
 		case <-ctx.Done():
-			s.flushAll()
+			s.flushAll(time.Now())
 			return context.Cause(ctx)
 		case t := <-src.C:
 			now := time.Now()
@@ -91,14 +91,15 @@ func RunFrom[T any](ctx context.Context, m *Monitor, src Source[T]) error {
 		case c := <-m.cmds:
 			// A command returns once its records are with the sink.
 			c.fn(s)
-			s.flushAll()
+			s.flushAll(time.Now())
 			close(c.done)
 		case <-m.kick:
-			s.flush()
+			s.flush(time.Now())
 		case <-timer.C:
 			armed = time.Time{}
-			s.expire(time.Now())
-			s.flush()
+			now := time.Now()
+			s.expire(now)
+			s.flush(now)
 		}
 		if next, ok := s.nextDeadline(); ok && !next.Equal(armed) {
 			armed = next

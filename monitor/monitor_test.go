@@ -1069,7 +1069,7 @@ func TestSteadyReportAllocatesNothing(t *testing.T) { // not parallel: AllocsPer
 				msg := decodeMessage(events.DefaultSubjectPrefix, 0, dec, subject, msgs[i])
 				i++
 				s.handle(&msg, now)
-				s.flush()
+				s.flush(now)
 			}
 			handle()
 			if got := testutil.ToFloat64(m.acceptedLoad); got != 1 {

@@ -286,10 +286,9 @@ func (s *state) selected(name string) []*model {
 // RescheduleSnapshot is the view a rescheduling round plans on (contract
 // §12): every model's workers with their usage — the mean over their fresh
 // ranks of KV blocks in use over total blocks, each rank aggregated over
-// its fresh sources as the busy rules do — their KV blocks in total, and
-// whether they are fresh, free and cordoned. (Committed usage and request
-// counts, contract §21, are not in the monitor's state yet: the planner
-// then balances on usage and moves one request a pair.)
+// its fresh sources as the busy rules do — their KV blocks in total, their
+// committed usage and request counts when every such rank has them
+// (contract §21), and whether they are fresh, free and cordoned.
 func (m *Monitor) RescheduleSnapshot(ctx context.Context) (resched.Snapshot, error) {
 	var snap resched.Snapshot
 	err := m.do(ctx, func(s *state) {

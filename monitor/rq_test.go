@@ -1,6 +1,7 @@
 package monitor
 
 import (
+	"log/slog"
 	"maps"
 	"reflect"
 	"testing"
@@ -214,4 +215,44 @@ func TestRouterQueueModelGone(t *testing.T) {
 			t.Fatalf("free %v", rec.Free)
 		}
 	})
+}
+
+// TestRouterQueueCountsOneClock: the state stamps when a record carried
+// the queues with the loop's clock, the one it receives reports by: with
+// that clock far from the wall clock, a change of counts alone 200 ms
+// after the last record is written at once.
+func TestRouterQueueCountsOneClock(t *testing.T) {
+	m, err := newMetrics(nil, func() float64 { return 0 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := newFakeSink()
+	s := newState(DefaultConfig(), sink, m, slog.New(slog.DiscardHandler))
+	dec := events.NewDecoder()
+	now := time.Unix(1000, 0)
+	send := func(subject string, data []byte, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := decodeMessage(events.DefaultSubjectPrefix, 0, dec, subject, data)
+		s.handle(&msg, now)
+		s.flush(now)
+	}
+	load := events.LoadReport{Model: testModel, WorkerID: 1, DPSize: 1, Source: events.SourceEngine,
+		ActiveDecodeBlocks: events.Some(10), KVTotalBlocks: events.Some(100), BootID: 1, Seq: 1, SentAt: now.UnixNano()}
+	b, err := events.MarshalLoadReport(&load)
+	send(events.LoadSubject(events.DefaultSubjectPrefix, testModel, 1, 0), b, err)
+	rq := func(seq uint64, queued ...events.QueuedLevel) {
+		t.Helper()
+		r := events.RouterQueue{Model: testModel, Source: "router/a", BootID: 1, Seq: seq, Queued: queued, SentAt: now.UnixNano()}
+		b, err := events.MarshalRouterQueue(&r)
+		send(events.RqSubject(events.DefaultSubjectPrefix, testModel), b, err)
+	}
+	rq(1, lvl(0, 1))
+	now = now.Add(2 * RouterQueueCountsEvery)
+	rq(2, lvl(0, 2))
+	if rec, _ := sink.record(testModel); rec.Queued[0] != 2 {
+		t.Fatalf("queued %v %v after the last record, want the new count 2", rec.Queued, 2*RouterQueueCountsEvery)
+	}
 }

@@ -160,9 +160,13 @@ type held struct {
 	// memory only: a new holder starts pooling again).
 	pool slo.Pool
 	// preempts are the preemption counters of the model's ranks at the
-	// last round (kept in memory only: a new holder counts from its first
-	// round).
+	// last round whose status landed (kept in memory only: a new holder
+	// counts from its first round).
 	preempts map[rankKey]counter
+	// reread is set when a status write failed (another writer, or the
+	// bucket away): the next round reads and claims the status again,
+	// counting the preemptions from preempts still.
+	reread bool
 }
 
 // rankKey names a rank of a model.
@@ -481,7 +485,7 @@ func (c *Controller) step(ctx context.Context, model string, s slot, w *slo.Wind
 		// continues from the status).
 		return c.release(ctx, model)
 	}
-	if h == nil || h.epoch != epoch || h.gen != s.gen {
+	if h == nil || h.reread || h.epoch != epoch || h.gen != s.gen {
 		var err error
 		if h, err = c.adopt(ctx, model, s, epoch); h == nil || err != nil {
 			return err
@@ -492,7 +496,8 @@ func (c *Controller) step(ctx context.Context, model string, s slot, w *slo.Wind
 		w = &slo.Window{}
 	}
 	lw := *w
-	if err := c.leading(ctx, model, h, &lw); err != nil {
+	preempts, err := c.leading(ctx, model, h.preempts, &lw)
+	if err != nil {
 		return err
 	}
 	w = h.pool.Window(v.Target(), &lw) // pools the latency, never the leading inputs
@@ -508,14 +513,15 @@ func (c *Controller) step(ctx context.Context, model string, s slot, w *slo.Wind
 	}
 	rev, err := c.cfg.Store.PutStatus(ctx, st, h.rev)
 	if err != nil {
-		// Another writer, or the bucket away: read it again next round.
-		delete(c.held, model)
+		// Another writer, or the bucket away: read it again next round,
+		// the preemptions since the baseline counted then.
+		h.reread = true
 		if !errors.Is(err, overrides.ErrStatusConflict) && !errors.Is(err, overrides.ErrBadSLO) {
 			return bucketError{err}
 		}
 		return err
 	}
-	h.status, h.rev = st, rev
+	h.status, h.rev, h.preempts = st, rev, preempts
 	if err := c.acquire(ctx); err != nil {
 		return err
 	}
@@ -544,17 +550,17 @@ func (c *Controller) step(ctx context.Context, model string, s slot, w *slo.Wind
 }
 
 // leading fills w's leading inputs (contract §21) from the monitor's view
-// of model's ranks: the preemptions counted since the previous round (a
-// rank's first reading, or its engine's new boot, sets the baseline and
-// counts nothing; a counter that went down counts from 0) and the largest
-// predicted queue delay of the fresh ranks now.
-func (c *Controller) leading(ctx context.Context, model string, h *held, w *slo.Window) error {
+// of model's ranks: the preemptions counted since last (a rank's first
+// reading, or its engine's new boot, sets the baseline and counts nothing;
+// a counter that went down counts from 0) and the largest predicted queue
+// delay of the fresh ranks now. It returns the counters read, the baseline
+// once the round's status lands.
+func (c *Controller) leading(ctx context.Context, model string, last map[rankKey]counter, w *slo.Window) (map[rankKey]counter, error) {
 	rows, err := c.cfg.Monitor.Loads(ctx, model)
 	if err != nil {
-		return fmt.Errorf("read the leading values: %w", err)
+		return nil, fmt.Errorf("read the leading values: %w", err)
 	}
-	last := h.preempts
-	h.preempts = make(map[rankKey]counter, len(rows))
+	next := make(map[rankKey]counter, len(rows))
 	for _, r := range rows {
 		if r.Stale {
 			continue
@@ -567,12 +573,12 @@ func (c *Controller) leading(ctx context.Context, model string, h *held, w *slo.
 		}
 		k := rankKey{r.WorkerID, r.DPRank}
 		now := counter{boot: r.Sources[events.SourceEngine].BootID, value: *r.Preemptions}
-		h.preempts[k] = now
+		next[k] = now
 		if before, ok := last[k]; ok && before.boot == now.boot && now.value >= before.value {
 			w.Preemptions = slo.AddCount(w.Preemptions, now.value-before.value)
 		}
 	}
-	return nil
+	return next, nil
 }
 
 // adopt starts controlling a model whose partition this monitor holds
@@ -584,8 +590,10 @@ func (c *Controller) leading(ctx context.Context, model string, h *held, w *slo.
 // status as found again when the compare-and-set fails; from then on a
 // late write of the previous holder fails. Under enforce a found status's
 // thresholds apply at once, before the first move. It returns nil when a
-// newer holder writes the status.
+// newer holder writes the status, and gives the model up (release) when
+// the status changed through claimAttempts compare-and-sets.
 func (c *Controller) adopt(ctx context.Context, model string, s slot, epoch uint64) (*held, error) {
+	old := c.held[model]
 	st, rev, err := c.cfg.Store.Status(ctx, model)
 	found := false
 	for attempt := 0; ; attempt++ {
@@ -621,11 +629,18 @@ func (c *Controller) adopt(ctx context.Context, model string, s slot, epoch uint
 			return nil, bucketError{perr}
 		}
 		if attempt+1 >= claimAttempts {
-			return nil, fmt.Errorf("claim the status: it kept changing: %w", perr)
+			// Give the model up rather than leave the thresholds of a
+			// previous hold in force uncontrolled; the next round or
+			// take-up tries again.
+			err := fmt.Errorf("claim the status: it kept changing through %d attempts: %w", claimAttempts, perr)
+			return nil, errors.Join(err, c.release(ctx, model))
 		}
 		st, rev, err = c.cfg.Store.Status(ctx, model) // claim it as it is now
 	}
 	h := &held{status: st, rev: rev, epoch: epoch, gen: s.gen}
+	if old != nil && old.epoch == epoch {
+		h.preempts = old.preempts // held all along: its count goes on
+	}
 	c.held[model] = h
 	if !s.v.Enforced() || !found {
 		return h, nil
