@@ -174,12 +174,16 @@ func (e *RetryEstimator) model(model string) *retryModel {
 	if model == "" {
 		return &e.total
 	}
-	if m := (*e.models.Load())[model]; m != nil {
+	cur := *e.models.Load()
+	if m := cur[model]; m != nil {
 		return m
+	}
+	if len(cur) >= retryMaxModels {
+		return &e.other // the map no longer grows: no lock
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	cur := *e.models.Load()
+	cur = *e.models.Load()
 	if m := cur[model]; m != nil {
 		return m
 	}
