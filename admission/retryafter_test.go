@@ -371,3 +371,17 @@ func TestRetryEstimatorOverflowTakesNoLock(t *testing.T) {
 		t.Error("models past the limit do not share the fallback estimate")
 	}
 }
+
+// TestRetryEstimatorDoneUnnamed: a request that names no model ends once
+// in the all-models estimate, not twice: the rate every-model rejections
+// are spread by is the rate requests end.
+func TestRetryEstimatorDoneUnnamed(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	e := newTestEstimator(t, time.Second, clock)
+	e.Done("")
+	e.Done("m")
+	if got := e.total.ended.Load(); got != 2 {
+		t.Errorf("two requests ended, one naming no model: the all-models total counts %d", got)
+	}
+}
