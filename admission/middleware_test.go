@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/workermon/workermon/internal/promtest"
+	"github.com/workermon/workermon/internal/retrytest"
 )
 
 // admitTestDecider is a fixed table of decisions; models not in it are
@@ -54,22 +55,7 @@ func admitTestServe(t *testing.T, h http.Handler, req *http.Request) *http.Respo
 // seconds, rounded, at least the floor rounded up and at least 1.
 func checkRetryHeaders(t *testing.T, h http.Header, floor time.Duration) {
 	t.Helper()
-	msv, secv := h.Values(RetryAfterMsHeader), h.Values("Retry-After")
-	if len(msv) != 1 || len(secv) != 1 {
-		t.Fatalf("retry-after-ms %q, Retry-After %q: want one of each", msv, secv)
-	}
-	ms, err1 := strconv.ParseInt(msv[0], 10, 64)
-	secs, err2 := strconv.ParseInt(secv[0], 10, 64)
-	if err1 != nil || err2 != nil {
-		t.Fatalf("retry-after-ms %q, Retry-After %q: want integers", msv, secv)
-	}
-	d := time.Duration(ms) * time.Millisecond
-	if hi := max(floor+floor/4, 10*time.Millisecond) * 101 / 100; d < floor || d > hi {
-		t.Errorf("retry-after-ms %d: want in [%v, %v]", ms, floor, hi)
-	}
-	if want := max(1, int64((floor+time.Second-1)/time.Second), (ms+500)/1000); secs != want {
-		t.Errorf("Retry-After %d with retry-after-ms %d, floor %v; want %d", secs, ms, floor, want)
-	}
+	retrytest.Headers(t, h, floor, max(floor+floor/4, 10*time.Millisecond)*101/100)
 }
 
 func TestMiddlewareRejects(t *testing.T) {

@@ -174,12 +174,16 @@ func (e *RetryEstimator) model(model string) *retryModel {
 	if model == "" {
 		return &e.total
 	}
-	if m := (*e.models.Load())[model]; m != nil {
+	cur := *e.models.Load()
+	if m := cur[model]; m != nil {
 		return m
+	}
+	if len(cur) >= retryMaxModels {
+		return &e.other // the map no longer grows: no lock
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	cur := *e.models.Load()
+	cur = *e.models.Load()
 	if m := cur[model]; m != nil {
 		return m
 	}
@@ -201,10 +205,16 @@ func (e *RetryEstimator) model(model string) *retryModel {
 // slot of the model is free again.
 func (e *RetryEstimator) Done(model string) {
 	now := e.now().UnixNano()
-	for _, m := range [...]*retryModel{e.model(model), &e.total} {
-		m.refresh(now) // first: a refresh at t counts the ends in [its last, t)
-		m.ended.Add(1)
+	if m := e.model(model); m != &e.total {
+		m.done(now)
 	}
+	e.total.done(now)
+}
+
+// done counts an end at now.
+func (m *retryModel) done(now int64) {
+	m.refresh(now) // first: a refresh at t counts the ends in [its last, t)
+	m.ended.Add(1)
 }
 
 // refresh brings the average rate up to now, when retryRefresh has passed since the last refresh; of concurrent

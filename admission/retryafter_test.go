@@ -312,3 +312,76 @@ func TestRetryEstimatorAfterLongIdle(t *testing.T) {
 		}
 	}
 }
+
+// fillModels gives e retryMaxModels models of their own, so that any other
+// model shares the fallback estimate.
+func fillModels(e *RetryEstimator) {
+	for i := range retryMaxModels {
+		e.Done("model-" + strconv.Itoa(i))
+	}
+}
+
+// BenchmarkRetryOverflowModel measures a rejection and a request end of a
+// model past retryMaxModels, from every CPU at once: no lock, no allocation.
+func BenchmarkRetryOverflowModel(b *testing.B) {
+	e, err := NewRetryEstimator(time.Second)
+	if err != nil {
+		b.Fatal(err)
+	}
+	fillModels(e)
+	h := http.Header{}
+	e.Set(h, "over", 0)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		h := http.Header{}
+		e.Set(h, "over", 0)
+		for pb.Next() {
+			e.Set(h, "over", 1)
+			e.Done("over")
+		}
+	})
+}
+
+// TestRetryEstimatorOverflowTakesNoLock: past retryMaxModels, a further
+// model shares one estimate, found without the lock that serializes the
+// copies of the map (held here, as by a concurrent insertion); the
+// rejection path stays lock-free. The old code took the lock for every
+// rejection and request end of such a model.
+func TestRetryEstimatorOverflowTakesNoLock(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	e := newTestEstimator(t, time.Second, clock)
+	fillModels(e)
+	e.mu.Lock()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h := http.Header{}
+		e.Set(h, "over", 0)
+		e.Done("over")
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second): // a deadline for a hang, not a timing assertion
+		e.mu.Unlock()
+		t.Fatal("a rejection of a model past the limit waits for the map's lock")
+	}
+	e.mu.Unlock()
+	if e.model("over") != &e.other || e.model("other-too") != &e.other {
+		t.Error("models past the limit do not share the fallback estimate")
+	}
+}
+
+// TestRetryEstimatorDoneUnnamed: a request that names no model ends once
+// in the all-models estimate, not twice: the rate every-model rejections
+// are spread by is the rate requests end.
+func TestRetryEstimatorDoneUnnamed(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	e := newTestEstimator(t, time.Second, clock)
+	e.Done("")
+	e.Done("m")
+	if got := e.total.ended.Load(); got != 2 {
+		t.Errorf("two requests ended, one naming no model: the all-models total counts %d", got)
+	}
+}

@@ -64,6 +64,7 @@ type tenantQueue[T any] struct {
 
 // level holds the items of one priority; its tenants take turns.
 type level[T any] struct {
+	queue    *Queue[T] // the queue the level is of
 	priority int64
 	tenants  []*tenantQueue[T] // in turn order; none is empty
 	next     int               // the tenant whose turn it is
@@ -251,7 +252,7 @@ func (q *Queue[T]) find(p int64) (int, bool) {
 func (q *Queue[T]) push(it *Item[T]) {
 	i, found := q.find(it.priority)
 	if !found {
-		q.levels = slices.Insert(q.levels, i, &level[T]{priority: it.priority, byName: make(map[string]*tenantQueue[T])})
+		q.levels = slices.Insert(q.levels, i, &level[T]{queue: q, priority: it.priority, byName: make(map[string]*tenantQueue[T])})
 	}
 	lvl := q.levels[i]
 	tq := lvl.byName[it.tenant]
@@ -309,9 +310,9 @@ func (q *Queue[T]) unlink(it *Item[T]) {
 }
 
 // Remove takes it out of the queue and gives its bytes back; false when it
-// is not in the queue any more (popped, pushed out or removed).
+// is not in the queue (popped, pushed out, removed, or of another queue).
 func (q *Queue[T]) Remove(it *Item[T]) bool {
-	if it.tq == nil {
+	if it.tq == nil || it.tq.level.queue != q {
 		return false
 	}
 	q.unlink(it)

@@ -124,6 +124,30 @@ func TestQueueRemove(t *testing.T) {
 	}
 }
 
+// TestQueueRemoveOtherQueue: an item of another queue is not this queue's
+// to remove: Remove says false and leaves both queues as they were (it
+// used to unlink the item from its own queue and count it out of this one).
+func TestQueueRemoveOtherQueue(t *testing.T) {
+	t.Parallel()
+	budget := NewBudget(1000)
+	a, b := newTestQueue(t, 100, budget), newTestQueue(t, 100, budget)
+	a.add("a1", 0, "x")
+	b.add("b1", 0, "x")
+	if b.Remove(a.items["a1"]) {
+		t.Fatal("Remove of another queue's item: want false")
+	}
+	if a.Len() != 1 || b.Len() != 1 || a.Bytes() != 100 || b.Bytes() != 100 || budget.Used() != 200 {
+		t.Fatalf("after a foreign Remove: lens %d, %d, bytes %d, %d, budget %d; want 1, 1, 100, 100, 200",
+			a.Len(), b.Len(), a.Bytes(), b.Bytes(), budget.Used())
+	}
+	if got := a.drain(); !slices.Equal(got, []string{"a1"}) {
+		t.Fatalf("a drains %v", got)
+	}
+	if got := b.drain(); !slices.Equal(got, []string{"b1"}) {
+		t.Fatalf("b drains %v", got)
+	}
+}
+
 // TestQueueDirect: a newcomer the record admits goes ahead only of a queue
 // (its own, or other routers', contract §22) whose top priority is lower;
 // otherwise it joins, or is refused when it may not wait.

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/workermon/workermon/admission"
 	"github.com/workermon/workermon/events"
+	"github.com/workermon/workermon/internal/retrytest"
 )
 
 // checkRetryHeaders checks the retry headers of a rejection (contract
@@ -24,23 +24,7 @@ import (
 // at least 1.
 func checkRetryHeaders(t *testing.T, h http.Header, floor time.Duration) time.Duration {
 	t.Helper()
-	msv, secv := h.Values(admission.RetryAfterMsHeader), h.Values("Retry-After")
-	if len(msv) != 1 || len(secv) != 1 {
-		t.Fatalf("retry-after-ms %q, Retry-After %q: want one of each", msv, secv)
-	}
-	ms, err1 := strconv.ParseInt(msv[0], 10, 64)
-	secs, err2 := strconv.ParseInt(secv[0], 10, 64)
-	if err1 != nil || err2 != nil {
-		t.Fatalf("retry-after-ms %q, Retry-After %q: want integers", msv, secv)
-	}
-	d := time.Duration(ms) * time.Millisecond
-	if d < floor || d > admission.DefaultMaxRetryAfter {
-		t.Errorf("retry-after-ms %d: want in [%v, %v]", ms, floor, admission.DefaultMaxRetryAfter)
-	}
-	if want := max(1, int64((floor+time.Second-1)/time.Second), (ms+500)/1000); secs != want {
-		t.Errorf("Retry-After %d with retry-after-ms %d, floor %v; want %d", secs, ms, floor, want)
-	}
-	return d
+	return retrytest.Headers(t, h, floor, admission.DefaultMaxRetryAfter)
 }
 
 // switchList is a busy list of one model served by worker 1, free or all

@@ -277,6 +277,76 @@ func TestRunQueueReports(t *testing.T) {
 	})
 }
 
+// TestRunQueueReportsNATSAway: while every publish fails (NATS away for
+// minutes, the reconnect buffer full), the loop neither spins nor wedges:
+// a queue that holds requests is tried about once a second, and once
+// publishing works again the next report goes out within a second; the
+// end's last report is tried once and the loop returns at once.
+func TestRunQueueReportsNATSAway(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, err := newQueueMetrics(nil, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := newQueues(queueLimits{maxWait: time.Hour, maxRequests: 1000, maxBytes: DefaultQueueMaxBytes, pace: DefaultQueuePace},
+			newFakeFleet(1).deps(), m)
+		rt := testRouterOf(q, "r1")
+		var mu sync.Mutex
+		var tries, sent int
+		away := true
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() {
+			done <- rt.RunQueueReports(ctx, "wm", func(string, []byte) error {
+				mu.Lock()
+				defer mu.Unlock()
+				tries++
+				if away {
+					return errors.New("nats: outbound buffer limit exceeded")
+				}
+				sent++
+				return nil
+			})
+		}()
+		counts := func() (int, int) {
+			synctest.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			return tries, sent
+		}
+		mq := q.forModel("m")
+		if _, err := mq.join(arrival(0, "", false, true), admission.ClassStandard, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Minute)
+		if n, _ := counts(); n < 290 || n > 310 {
+			t.Fatalf("%d tries in 5 minutes of failing publishes, want about one a second", n)
+		}
+		mu.Lock()
+		away = false
+		mu.Unlock()
+		time.Sleep(QueueReportEvery + time.Millisecond)
+		if _, k := counts(); k != 1 {
+			t.Fatalf("%d reports within a second of NATS back, want 1", k)
+		}
+		mu.Lock()
+		away = true
+		mu.Unlock()
+		mq.mu.Lock()
+		mq.releaseAllLocked(time.Now())
+		mq.mu.Unlock()
+		before, _ := counts()
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("RunQueueReports: %v", err)
+		}
+		if n, _ := counts(); n > before+1 {
+			t.Fatalf("%d tries at the end, want at most 1", n-before)
+		}
+		time.Sleep(2 * DefaultQueuePace) // the dispatcher ends
+	})
+}
+
 func TestRunQueueReportsNeedsID(t *testing.T) {
 	t.Parallel()
 	m, err := newQueueMetrics(nil, 10)
