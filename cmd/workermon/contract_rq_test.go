@@ -11,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/workermon/workermon/internal/natstest"
 )
 
 // rqReport is a router's queue report (contract §22) as it goes on the
@@ -105,7 +107,7 @@ func TestContractRouterPublishesItsQueue(t *testing.T) {
 	// A request that may not wait is rejected at once once the router
 	// has the record.
 	body := []byte(fmt.Sprintf(`{"model":%q,"prompt":"hi","max_tokens":5}`, model))
-	waitUntil(t, "the router rejects a request that may not wait", func() bool {
+	natstest.WaitFor(t, 15*time.Second, "the router rejects a request that may not wait", func() bool {
 		return doHTTP(t, "POST", r.base+"/v1/completions", "application/json", body, "X-Workermon-Max-Wait", "0").code == http.StatusServiceUnavailable
 	})
 	answers := make(chan httpResp, 3)
@@ -128,18 +130,6 @@ func TestContractRouterPublishesItsQueue(t *testing.T) {
 	empty := sub.waitFor(t, "an empty queue after the three", func(r rqReport) bool { return r.Seq > held.Seq && len(r.Queued) == 0 })
 	if empty.Queued == nil || empty.BootID != held.BootID {
 		t.Fatalf("last report %+v: want an empty map, the same boot", empty)
-	}
-}
-
-// waitUntil polls cond for up to 15 s.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 15 s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -206,7 +196,7 @@ func TestContractRouterQueuesBehindOtherRouters(t *testing.T) {
 	url := r.base + "/v1/completions"
 	// Once the router has the record, a standard newcomer waits.
 	var std httpResp
-	waitUntil(t, "a standard request waits", func() bool {
+	natstest.WaitFor(t, 15*time.Second, "a standard request waits", func() bool {
 		std = doHTTP(t, "POST", url, "application/json", body)
 		return std.header.Get("X-Workermon-Queued") != ""
 	})
