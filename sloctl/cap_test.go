@@ -4,8 +4,6 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/workermon/workermon/overrides"
 	"github.com/workermon/workermon/slo"
 	"github.com/workermon/workermon/sloctl"
@@ -17,15 +15,12 @@ import (
 // room.
 func TestMaxSLOs(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	cfg := sloctl.DefaultConfig()
-	cfg.Monitor, cfg.Store, cfg.MonitorID, cfg.Registerer = e.mon, e.store, "mon-a", prometheus.NewRegistry()
-	cfg.Epoch = func(int) uint64 { return 1 }
-	cfg.MaxSLOs = 2
-	c, err := sloctl.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var cfg sloctl.Config
+	e := newEnv(t, func(_ *env, c *sloctl.Config) {
+		c.MaxSLOs = 2
+		cfg = *c
+	})
+	c := e.c
 	ctx := t.Context()
 	set := func(name, mode string) error {
 		v := itl50(mode)

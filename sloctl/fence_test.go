@@ -3,13 +3,7 @@ package sloctl_test
 import (
 	"testing"
 
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/workermon/workermon/internal/natstest"
-	"github.com/workermon/workermon/overrides"
 	"github.com/workermon/workermon/slo"
-	"github.com/workermon/workermon/sloctl"
 )
 
 // TestLateWriteOfOldHolderFails: a new holder claims the status at
@@ -21,32 +15,8 @@ import (
 // holder's move.
 func TestLateWriteOfOldHolderFails(t *testing.T) {
 	t.Parallel()
-	srv := natstest.Start(t, natstest.Options(t))
-	js, err := jetstream.New(natstest.Connect(t, srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	scfg := overrides.DefaultSLOStoreConfig()
-	scfg.JetStream = js
-	store, err := overrides.NewSLOStore(scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, newController := bucketControllers(t)
 	ctx := t.Context()
-	newController := func(id string, epoch *uint64) (*sloctl.Controller, *fakeMonitor) {
-		mon := &fakeMonitor{windows: map[string]*slo.Window{}, controlled: map[string]*slo.Thresholds{}}
-		cfg := sloctl.DefaultConfig()
-		cfg.Monitor, cfg.Store, cfg.MonitorID, cfg.Registerer = mon, store, id, prometheus.NewRegistry()
-		cfg.Epoch = func(int) uint64 { return *epoch }
-		c, err := sloctl.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := c.SetSLO(ctx, model, itl50(slo.ModeEnforce), false); err != nil {
-			t.Fatal(err)
-		}
-		return c, mon
-	}
 	epochA, epochB := uint64(1), uint64(2)
 	a, monA := newController("mon-a", &epochA)
 	for range 2 {

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/workermon/workermon/overrides"
 	"github.com/workermon/workermon/slo"
 	"github.com/workermon/workermon/sloctl"
@@ -78,15 +76,11 @@ func call(t *testing.T, what string, fn func() error) error {
 // waited 2 s behind such a round.
 func TestSetSLONotBehindRoundIO(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	store := &slowStore{fakeStore: e.store, entered: make(chan struct{}, 1), gate: make(chan struct{})}
-	cfg := sloctl.DefaultConfig()
-	cfg.Monitor, cfg.Store, cfg.MonitorID, cfg.Registerer = e.mon, store, "mon-a", prometheus.NewRegistry()
-	cfg.Epoch = func(int) uint64 { return 1 }
-	c, err := sloctl.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var store *slowStore
+	c := newEnv(t, func(e *env, cfg *sloctl.Config) {
+		store = &slowStore{fakeStore: e.store, entered: make(chan struct{}, 1), gate: make(chan struct{})}
+		cfg.Store = store
+	}).c
 	ctx := t.Context()
 	for i := range 40 {
 		v := itl50(slo.ModeEnforce)
@@ -120,15 +114,12 @@ func TestSetSLONotBehindRoundIO(t *testing.T) {
 // when its ctx ends.
 func TestSetSLOHonoursContext(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	mon := &gatedMonitor{fakeMonitor: e.mon, entered: make(chan struct{}, 1), gate: make(chan struct{})}
-	cfg := sloctl.DefaultConfig()
-	cfg.Monitor, cfg.Store, cfg.MonitorID, cfg.Registerer = mon, e.store, "mon-a", prometheus.NewRegistry()
-	cfg.Epoch = func(int) uint64 { return 1 }
-	c, err := sloctl.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var mon *gatedMonitor
+	e := newEnv(t, func(e *env, cfg *sloctl.Config) {
+		mon = &gatedMonitor{fakeMonitor: e.mon, entered: make(chan struct{}, 1), gate: make(chan struct{})}
+		cfg.Monitor = mon
+	})
+	c := e.c
 	ctx := t.Context()
 	if err := c.SetSLO(ctx, model, itl50(slo.ModeEnforce), false); err != nil {
 		t.Fatal(err)
@@ -145,7 +136,7 @@ func TestSetSLOHonoursContext(t *testing.T) {
 
 	sctx, cancel := context.WithCancel(ctx)
 	cancel()
-	err = call(t, "SetSLO with an ended ctx", func() error { return c.SetSLO(sctx, model, overrides.SLO{}, true) })
+	err := call(t, "SetSLO with an ended ctx", func() error { return c.SetSLO(sctx, model, overrides.SLO{}, true) })
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("SetSLO with an ended ctx: %v, want context.Canceled", err)
 	}

@@ -4,9 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/workermon/workermon/overrides"
 	"github.com/workermon/workermon/slo"
 	"github.com/workermon/workermon/sloctl"
 )
@@ -25,17 +22,9 @@ func itlWindow(n int, ms float64) *slo.Window {
 // windows follow, and a model not heard for a day is forgotten.
 func TestObserved(t *testing.T) {
 	t.Parallel()
-	mon := &fakeMonitor{windows: map[string]*slo.Window{}, controlled: map[string]*slo.Thresholds{}}
 	now := time.Unix(1_700_000_000, 0)
-	cfg := sloctl.DefaultConfig()
-	cfg.Monitor, cfg.MonitorID, cfg.Registerer = mon, "mon-a", prometheus.NewRegistry()
-	cfg.Store = &fakeStore{st: map[string]overrides.SLOStatus{}, rev: map[string]uint64{}}
-	cfg.Epoch = func(int) uint64 { return 1 }
-	cfg.Now = func() time.Time { return now }
-	c, err := sloctl.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := newEnv(t, func(_ *env, cfg *sloctl.Config) { cfg.Now = func() time.Time { return now } })
+	mon, c := e.mon, e.c
 	ctx := t.Context()
 	if err := c.SetSLO(ctx, model, itl50(slo.ModeEnforce), false); err != nil {
 		t.Fatal(err)

@@ -98,7 +98,9 @@ type env struct {
 	reg   *prometheus.Registry
 }
 
-func newEnv(t *testing.T) *env {
+// newEnv returns a controller over fakes, "mon-a" at epoch e.epoch; each
+// of with may change its configuration first.
+func newEnv(t *testing.T, with ...func(e *env, cfg *sloctl.Config)) *env {
 	t.Helper()
 	e := &env{
 		mon:   &fakeMonitor{windows: map[string]*slo.Window{}, controlled: map[string]*slo.Thresholds{}},
@@ -109,6 +111,9 @@ func newEnv(t *testing.T) *env {
 	cfg := sloctl.DefaultConfig()
 	cfg.Monitor, cfg.Store, cfg.MonitorID, cfg.Registerer = e.mon, e.store, "mon-a", e.reg
 	cfg.Epoch = func(int) uint64 { return e.epoch }
+	for _, f := range with {
+		f(e, &cfg)
+	}
 	c, err := sloctl.New(cfg)
 	if err != nil {
 		t.Fatal(err)

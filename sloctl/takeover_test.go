@@ -19,32 +19,8 @@ import (
 // first, still believing it holds epoch 1, then leaves the model alone.
 func TestTakeoverOverBucket(t *testing.T) {
 	t.Parallel()
-	srv := natstest.Start(t, natstest.Options(t))
-	js, err := jetstream.New(natstest.Connect(t, srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	scfg := overrides.DefaultSLOStoreConfig()
-	scfg.JetStream = js
-	store, err := overrides.NewSLOStore(scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, newController := bucketControllers(t)
 	ctx := t.Context()
-	newController := func(id string, epoch *uint64) (*sloctl.Controller, *fakeMonitor) {
-		mon := &fakeMonitor{windows: map[string]*slo.Window{}, controlled: map[string]*slo.Thresholds{}}
-		cfg := sloctl.DefaultConfig()
-		cfg.Monitor, cfg.Store, cfg.MonitorID, cfg.Registerer = mon, store, id, prometheus.NewRegistry()
-		cfg.Epoch = func(int) uint64 { return *epoch }
-		c, err := sloctl.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := c.SetSLO(ctx, model, itl50(slo.ModeEnforce), false); err != nil {
-			t.Fatal(err)
-		}
-		return c, mon
-	}
 	epochA, epochB := uint64(1), uint64(0)
 	a, monA := newController("mon-a", &epochA)
 	for range 3 {
@@ -83,5 +59,39 @@ func TestTakeoverOverBucket(t *testing.T) {
 	}
 	if monA.controlled[model] != nil {
 		t.Error("mon-a still applies thresholds of a model it no longer holds")
+	}
+}
+
+// bucketControllers starts a server with a real workermon-slo bucket and
+// returns its store and a maker of controllers over it: each with its own
+// fake monitor, its monitor id, the epoch *epoch holds, and the model's
+// ITL objective set in enforce mode.
+func bucketControllers(t *testing.T) (*overrides.SLOStore, func(id string, epoch *uint64) (*sloctl.Controller, *fakeMonitor)) {
+	t.Helper()
+	srv := natstest.Start(t, natstest.Options(t))
+	js, err := jetstream.New(natstest.Connect(t, srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	scfg := overrides.DefaultSLOStoreConfig()
+	scfg.JetStream = js
+	store, err := overrides.NewSLOStore(scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, func(id string, epoch *uint64) (*sloctl.Controller, *fakeMonitor) {
+		t.Helper()
+		mon := &fakeMonitor{windows: map[string]*slo.Window{}, controlled: map[string]*slo.Thresholds{}}
+		cfg := sloctl.DefaultConfig()
+		cfg.Monitor, cfg.Store, cfg.MonitorID, cfg.Registerer = mon, store, id, prometheus.NewRegistry()
+		cfg.Epoch = func(int) uint64 { return *epoch }
+		c, err := sloctl.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.SetSLO(t.Context(), model, itl50(slo.ModeEnforce), false); err != nil {
+			t.Fatal(err)
+		}
+		return c, mon
 	}
 }

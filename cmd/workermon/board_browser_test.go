@@ -42,6 +42,20 @@ func findChromium() string {
 	return ""
 }
 
+// serveBoard serves a board of cfg until the end of the test and returns
+// its URL.
+func serveBoard(t *testing.T, cfg board.Config) string {
+	t.Helper()
+	bd, err := board.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bd.Close() })
+	srv := httptest.NewServer(bd)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
 // screenshotDir is where the browser test saves its screenshot:
 // $WORKERMON_TEST_OUTPUT when set, else the test's artifact directory
 // (kept under -outputdir with `go test -artifacts`, removed otherwise).
@@ -308,15 +322,9 @@ func TestBoardWaitingAndCounts(t *testing.T) {
 			Workers: []board.Worker{{ID: 1, State: board.StateBusy, Reason: "kv"}}}}}}
 	cfg := board.DefaultConfig()
 	cfg.Source, cfg.ReadTimeout = src, time.Minute
-	bd, err := board.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = bd.Close() })
-	srv := httptest.NewServer(bd)
-	t.Cleanup(srv.Close)
+	srvURL := serveBoard(t, cfg)
 
-	b := openBrowser(t, chrome, srv.URL+"/")
+	b := openBrowser(t, chrome, srvURL+"/")
 	b.poll("the stream connected", `document.getElementById("conn").textContent === "live"`, 10*time.Second)
 	for sel, want := range map[string]string{
 		"#waiting-head":             "waiting for the first snapshot",
@@ -395,15 +403,9 @@ func TestBoardStrip(t *testing.T) {
 	src.set(0, 0, 0, 0, 0)
 	cfg := board.DefaultConfig()
 	cfg.Source, cfg.Interval = src, 50*time.Millisecond
-	bd, err := board.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = bd.Close() })
-	srv := httptest.NewServer(bd)
-	t.Cleanup(srv.Close)
+	srvURL := serveBoard(t, cfg)
 
-	b := openBrowser(t, chrome, srv.URL+"/")
+	b := openBrowser(t, chrome, srvURL+"/")
 	b.poll("the model's strip", `document.querySelector('section[data-model="m1"] .strip-chart') !== null`, 10*time.Second)
 	// A burst: the counters rise, requests queue, both workers turn busy.
 	for i := uint64(1); i <= 5; i++ {
@@ -450,18 +452,12 @@ func TestBoardHistoryInBrowser(t *testing.T) {
 	src.set(0, 0, 0, 0, 0)
 	cfg := board.DefaultConfig()
 	cfg.Source, cfg.HistoryInterval = src, 50*time.Millisecond
-	bd, err := board.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = bd.Close() })
-	srv := httptest.NewServer(bd)
-	t.Cleanup(srv.Close)
+	srvURL := serveBoard(t, cfg)
 	// sampled waits until the server's history holds a point of rejected.
 	sampled := func(rejected uint64) {
 		t.Helper()
 		natstest.WaitFor(t, 10*time.Second, fmt.Sprintf("a point of %d rejected in the history", rejected), func() bool {
-			resp, err := http.Get(srv.URL + "/board/history")
+			resp, err := http.Get(srvURL + "/board/history")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -485,7 +481,7 @@ func TestBoardHistoryInBrowser(t *testing.T) {
 	src.set(120, 50, 10, 0, 0)
 	sampled(50)
 
-	b := openBrowser(t, chrome, srv.URL+"/")
+	b := openBrowser(t, chrome, srvURL+"/")
 	const strip = `document.querySelector('section[data-model="m1"] .strip')`
 	b.poll("the strip holds samples from before the page opened", `(s => s !== null && Number(s.dataset.history) >= 7 &&
 		Number(s.dataset.oldest) < Number(document.body.dataset.opened))(`+strip+`)`, 10*time.Second)

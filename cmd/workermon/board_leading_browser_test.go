@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -68,15 +67,9 @@ func TestBoardLeadingInBrowser(t *testing.T) {
 	src := &swapSource{snap: leadingSnapshot(board.KindMonitor)}
 	cfg := board.DefaultConfig()
 	cfg.Source, cfg.Interval = src, 50*time.Millisecond
-	bd, err := board.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = bd.Close() })
-	srv := httptest.NewServer(bd)
-	t.Cleanup(srv.Close)
+	srvURL := serveBoard(t, cfg)
 
-	b := openBrowser(t, chrome, srv.URL+"/")
+	b := openBrowser(t, chrome, srvURL+"/")
 	b.poll("both models shown", `document.querySelectorAll('section.model .tile').length === 3`, 10*time.Second)
 	for sel, want := range map[string]string{
 		`section[data-model="m1"] .saturation`:           "saturation 1.12",

@@ -11,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/workermon/workermon/internal/natstest"
 )
 
 // rqReport is a router's queue report (contract §22) as it goes on the
@@ -96,17 +98,20 @@ func TestContractRouterPublishesItsQueue(t *testing.T) {
 	t.Parallel()
 	natsURL, bkv, wkv := routerNATS(t)
 	model := newModel(t)
-	e := newEngine(t, 1, nil)
-	registerEngines(t, wkv, model, e)
 	lr := keepRecord(t, bkv, model, u64s(1), nil)
 	c := connect(t, natsURL)
 	sub := subscribeRq(t, c.nc, model)
 	r := startRouter(t, natsURL, "--queue-max-wait", "30s", "--router-id", "rq-contract")
-	// A request that may not wait is rejected at once once the router
-	// has the record.
+	// Registered once the router runs: the registration lives 30 s, and
+	// the router's first start waits for its binary to build.
+	registerEngines(t, wkv, model, newEngine(t, 1, nil))
+	// A request that may not wait gets the all-busy rejection at once once
+	// the router has the record and the registration (without the
+	// registration it gets a 503 too, but one of no worker registered).
 	body := []byte(fmt.Sprintf(`{"model":%q,"prompt":"hi","max_tokens":5}`, model))
-	waitUntil(t, "the router rejects a request that may not wait", func() bool {
-		return doHTTP(t, "POST", r.base+"/v1/completions", "application/json", body, "X-Workermon-Max-Wait", "0").code == http.StatusServiceUnavailable
+	natstest.WaitFor(t, 15*time.Second, "the router rejects a request that may not wait as all busy", func() bool {
+		h := doHTTP(t, "POST", r.base+"/v1/completions", "application/json", body, "X-Workermon-Max-Wait", "0")
+		return h.code == http.StatusServiceUnavailable && string(h.body) == allBusyBody
 	})
 	answers := make(chan httpResp, 3)
 	for range 3 {
@@ -128,18 +133,6 @@ func TestContractRouterPublishesItsQueue(t *testing.T) {
 	empty := sub.waitFor(t, "an empty queue after the three", func(r rqReport) bool { return r.Seq > held.Seq && len(r.Queued) == 0 })
 	if empty.Queued == nil || empty.BootID != held.BootID {
 		t.Fatalf("last report %+v: want an empty map, the same boot", empty)
-	}
-}
-
-// waitUntil polls cond for up to 15 s.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 15 s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -198,15 +191,15 @@ func TestContractRouterQueuesBehindOtherRouters(t *testing.T) {
 	t.Parallel()
 	natsURL, bkv, wkv := routerNATS(t)
 	model := newModel(t)
-	e := newEngine(t, 1, nil)
-	registerEngines(t, wkv, model, e)
 	keepQueuedRecord(t, bkv, model, u64s(1), map[string]map[int64]uint64{"router/other": {0: 3}})
 	r := startRouter(t, natsURL, "--queue-max-wait", "10s", "--router-id", "me")
+	// Registered once the router runs, as above.
+	registerEngines(t, wkv, model, newEngine(t, 1, nil))
 	body := []byte(fmt.Sprintf(`{"model":%q,"prompt":"hi","max_tokens":5}`, model))
 	url := r.base + "/v1/completions"
 	// Once the router has the record, a standard newcomer waits.
 	var std httpResp
-	waitUntil(t, "a standard request waits", func() bool {
+	natstest.WaitFor(t, 15*time.Second, "a standard request waits", func() bool {
 		std = doHTTP(t, "POST", url, "application/json", body)
 		return std.header.Get("X-Workermon-Queued") != ""
 	})

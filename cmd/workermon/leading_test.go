@@ -60,7 +60,7 @@ func TestLeadingSignals(t *testing.T) {
 	// committed.
 	w1 := &leadingPub{t: t, nc: nc, worker: 1}
 	w1.send(events.LoadReport{ActiveDecodeBlocks: events.Some(40), KVCommittedBlocks: events.Some(150)})
-	natstest.WaitFor(t, 5*time.Second, "worker 1 free at saturation 0.5", func() bool {
+	natstest.WaitFor(t, 15*time.Second, "worker 1 free at saturation 0.5", func() bool {
 		b, ok := record(t, busy, e2eModel)
 		return ok && slices.Equal(b.Free, []uint64{1}) && b.Saturation == 0.5
 	})
@@ -68,7 +68,7 @@ func TestLeadingSignals(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(string(body), `"kv_committed_threshold":1,"queue_delay_threshold_ms":null`) {
 		t.Fatalf("set kv_committed_threshold = %d %s", code, body)
 	}
-	natstest.WaitFor(t, 5*time.Second, "worker 1 busy for kv_committed", func() bool {
+	natstest.WaitFor(t, 15*time.Second, "worker 1 busy for kv_committed", func() bool {
 		b, _ := record(t, busy, e2eModel)
 		return slices.Equal(b.Busy, []uint64{1}) && b.Reasons["1"] == events.ReasonKVCommitted && b.Saturation == 1.5 &&
 			b.Thresholds.KVCommitted != nil && *b.Thresholds.KVCommitted == 1
@@ -88,7 +88,7 @@ func TestLeadingSignals(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // pacing the engine, not waiting for an outcome
 	}
 	var row monitor.LoadRow
-	natstest.WaitFor(t, 5*time.Second, "worker 2's queue delay in GET /loads", func() bool {
+	natstest.WaitFor(t, 15*time.Second, "worker 2's queue delay in GET /loads", func() bool {
 		code, _, body := call(t, svc, "GET", "/loads?model="+e2eModel, "", "")
 		var reply struct{ Loads []monitor.LoadRow }
 		if code != http.StatusOK || json.Unmarshal(body, &reply) != nil {
@@ -116,7 +116,7 @@ func TestLeadingSignals(t *testing.T) {
 	// Worker 2's saturation is its delay ÷ 500 ms, at least 1.6; the mean
 	// with worker 1's 1.5 is at least 1.55.
 	var rec events.BusySet
-	natstest.WaitFor(t, 5*time.Second, "worker 2 busy for queue_delay", func() bool {
+	natstest.WaitFor(t, 15*time.Second, "worker 2 busy for queue_delay", func() bool {
 		rec, _ = record(t, busy, e2eModel)
 		return slices.Equal(rec.Busy, []uint64{1, 2}) && rec.AllBusy && rec.Reasons["2"] == events.ReasonQueueDelay
 	})

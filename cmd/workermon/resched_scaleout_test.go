@@ -228,19 +228,7 @@ func runScaleOut(t testing.TB, so scaleOutOptions) scaleOutResult {
 	tick := time.NewTicker(100 * time.Millisecond)
 	for time.Since(began) < window {
 		<-tick.C
-		var usages []float64
-		for _, f := range fleets {
-			for _, s := range f.Stats() {
-				var used, total uint64
-				for _, r := range s.Ranks {
-					used += r.ActiveDecodeBlocks
-					total += r.KVTotalBlocks
-				}
-				if total > 0 {
-					usages = append(usages, float64(used)/float64(total))
-				}
-			}
-		}
+		usages := kvUsages(fleets)
 		if len(usages) != 3 {
 			continue
 		}

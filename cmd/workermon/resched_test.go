@@ -180,19 +180,7 @@ sampling:
 			if time.Since(began) < warmup {
 				continue
 			}
-			var usages []float64
-			for _, f := range fleets {
-				for _, s := range f.Stats() {
-					var used, total uint64
-					for _, r := range s.Ranks {
-						used += r.ActiveDecodeBlocks
-						total += r.KVTotalBlocks
-					}
-					if total > 0 {
-						usages = append(usages, float64(used)/float64(total))
-					}
-				}
-			}
+			usages := kvUsages(fleets)
 			if len(usages) != 3 {
 				continue
 			}
@@ -216,6 +204,25 @@ sampling:
 	}
 	res.migrated = promreg.Sum(svc.reg, "workermon_rescheduler_migrated_requests_total")
 	return res
+}
+
+// kvUsages returns each worker's KV usage (decode blocks in use over the
+// blocks it has, over its ranks), fleet by fleet.
+func kvUsages(fleets []*sim.Fleet) []float64 {
+	var usages []float64
+	for _, f := range fleets {
+		for _, s := range f.Stats() {
+			var used, total uint64
+			for _, r := range s.Ranks {
+				used += r.ActiveDecodeBlocks
+				total += r.KVTotalBlocks
+			}
+			if total > 0 {
+				usages = append(usages, float64(used)/float64(total))
+			}
+		}
+	}
+	return usages
 }
 
 // streamCompletion sends a streamed completion and returns why it was not
