@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -102,11 +103,26 @@ func complete(t *testing.T, target, model string) int {
 	return resp.StatusCode
 }
 
+// TestDemoCommandRuns runs `workermon demo` until a summary line shows the
+// model's sets, its all_busy changes and the rescheduler's migrations
+// (however long a loaded machine takes), then ends it as Ctrl-C does.
 func TestDemoCommandRuns(t *testing.T) {
-	var out strings.Builder
-	code := run([]string{"demo", "--embedded-nats-addr", "127.0.0.1:0", "--monitor-addr", "127.0.0.1:0", "--router-addr", "127.0.0.1:0",
-		"--duration", "6s", "--interval", "1s", "--workers", "1", "--max-rps", "5", "--reschedule", "--release-margin", "0.1"}, &out, io.Discard)
-	if code != 0 {
+	var out syncbuf.Buffer
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	i := slices.IndexFunc(commands(), func(c command) bool { return c.name == "demo" })
+	exit := make(chan int, 1)
+	go func() {
+		exit <- runCommand(ctx, commands()[i], []string{"--embedded-nats-addr", "127.0.0.1:0", "--monitor-addr", "127.0.0.1:0",
+			"--router-addr", "127.0.0.1:0", "--interval", "1s", "--workers", "1", "--max-rps", "5", "--reschedule", "--release-margin", "0.1"},
+			&out, io.Discard)
+	}()
+	natstest.WaitFor(t, 60*time.Second, "a summary line of the model", func() bool {
+		s := out.String()
+		return strings.Contains(s, "Qwen/Qwen3-0.6B busy") && strings.Contains(s, "all_busy changes") && strings.Contains(s, "migrated ")
+	})
+	cancel()
+	if code := <-exit; code != 0 {
 		t.Fatalf("exit %d:\n%s", code, out.String())
 	}
 	if !strings.HasPrefix(out.String(), "board: http://127.0.0.1:") {
